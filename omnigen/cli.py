@@ -1,0 +1,201 @@
+"""``omnigen``: build, check and explain the generated runners.
+
+    omnigen build                          every model of conf/model into generated/
+    omnigen build model=NAME [overrides]   one model (Hydra: overrides, --multirun, --cfg job, --help)
+    omnigen check                          generated/ matches conf/ and templates/ (never writes)
+    omnigen explain model=NAME [overrides] the model's stages and every decision with its reason
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from omnigen import paths, pipeline, render
+from omnigen.plan import CLAUSES, ModelPlan
+
+USAGE = __doc__ or ""
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    if not args or args[0] in ("-h", "--help", "help"):
+        print(USAGE.strip())
+        print(f"\nmodels: {', '.join(paths.model_names())}")
+        return 0
+    command, rest = args[0], args[1:]
+    try:
+        if command == "build":
+            return build_command(rest)
+        if command == "check":
+            return check_command(rest)
+        if command == "explain":
+            return explain_command(rest)
+    except pipeline.ConfigError as exc:
+        print(f"omnigen {command}: {exc}", file=sys.stderr)
+        return 2
+    except render.RenderError as exc:
+        print(f"omnigen {command}: {exc}", file=sys.stderr)
+        return 3
+    print(f"omnigen: unknown command {command!r}; run `omnigen --help`", file=sys.stderr)
+    return 2
+
+
+# -- build ------------------------------------------------------------------------------------------
+
+
+def build_command(args: list[str]) -> int:
+    if not args:
+        return build_all(paths.generated_dir())
+    model, overrides = _split_model(args)
+    hydra_flags = {"-m", "--multirun", "--cfg", "-c", "--help", "-h", "--hydra-help", "--info", "-i"}
+    if model is not None and not hydra_flags.intersection(args) and "," not in model:
+        # One model, one run: compose here first so a bad config gets omnigen's message
+        # (file, key, fix) instead of Hydra's; then Hydra runs the task as usual.
+        pipeline.model_plan(model, [o for o in overrides if not o.startswith(("out=", "hydra"))])
+    from omnigen import hydra_app
+
+    return hydra_app.run(args)
+
+
+def _split_model(args: list[str]) -> tuple[str | None, list[str]]:
+    model = None
+    rest = []
+    for arg in args:
+        if arg.startswith("model="):
+            model = arg.split("=", 1)[1]
+        elif not arg.startswith("-"):
+            rest.append(arg)
+    return model, rest
+
+
+def build_all(root: Path) -> int:
+    files = pipeline.all_files()
+    report = render.write_tree(root, files, scope=None)
+    _print_report(report, root)
+    return 0
+
+
+def build_model(plan: ModelPlan, overrides: Sequence[str], root: Path, *, include_package_init: bool) -> None:
+    """Render one model and write it under ``root``; remove its stale files and configless models."""
+    files = pipeline.model_files(plan, overrides, package_init=include_package_init)
+    known = set(paths.model_names())
+    configless = [p.name for p in root.iterdir() if p.is_dir() and p.name not in known] if root.is_dir() else []
+    report = render.write_tree(root, files, scope=[plan.name, *configless])
+    _print_report(report, root)
+
+
+def _print_report(report: render.TreeReport, root: Path) -> None:
+    print(
+        f"omnigen: {len(report.written)} written, {len(report.unchanged)} unchanged, "
+        f"{len(report.removed)} removed under {_display(root)}"
+    )
+    for rel in report.written:
+        print(f"  wrote   {rel}")
+    for rel in report.removed:
+        print(f"  removed {rel}")
+
+
+def _display(path: Path) -> str:
+    try:
+        return str(path.resolve().relative_to(Path.cwd().resolve())) or "."
+    except ValueError:
+        return str(path)
+
+
+# -- check ------------------------------------------------------------------------------------------
+
+
+def check_command(args: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="omnigen check", description="Compare generated/ with conf/ and templates/.")
+    parser.add_argument("--root", type=Path, default=None, help="tree to check (default: the package's generated/)")
+    ns = parser.parse_args(args)
+    root = ns.root or paths.generated_dir()
+    report = render.check_tree(root, pipeline.all_files())
+    if report.ok:
+        print(f"omnigen check: {_display(root)} is up to date")
+        return 0
+    models: set[str] = set()
+    for rel in report.missing:
+        print(f"missing:  generated/{rel}")
+        models.add(rel.split("/", 1)[0])
+    for rel, diff in report.stale.items():
+        print(f"stale:    generated/{rel}")
+        print(diff, end="" if diff.endswith("\n") else "\n")
+        models.add(rel.split("/", 1)[0])
+    for rel in report.orphaned:
+        print(f"orphaned: generated/{rel}")
+    print("fix: omnigen build   (regenerates every model; removes orphaned files)")
+    for model in sorted(m for m in models if m in paths.model_names()):
+        print(f"     or omnigen build model={model}")
+    return 1
+
+
+# -- explain ----------------------------------------------------------------------------------------
+
+
+def explain_command(args: list[str]) -> int:
+    model, overrides = _split_model(args)
+    if model is None:
+        print("omnigen explain: say which model: omnigen explain model=NAME [overrides]", file=sys.stderr)
+        print(f"models: {', '.join(paths.model_names())}", file=sys.stderr)
+        return 2
+    print(explain_text(pipeline.model_plan(model, overrides)))
+    return 0
+
+
+def _table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    widths = [max(len(str(c)) for c in column) for column in zip(headers, *rows, strict=False)]
+    lines = ["  ".join(str(c).ljust(w) for c, w in zip(headers, widths, strict=True)).rstrip()]
+    lines.append("  ".join("-" * w for w in widths))
+    for row in rows:
+        lines.append("  ".join(str(c).ljust(w) for c, w in zip(row, widths, strict=True)).rstrip())
+    return "\n".join(lines)
+
+
+def explain_text(plan: ModelPlan) -> str:
+    out = [
+        f"{plan.title} ({plan.name}) from {plan.source}",
+        f"arch {plan.arch}; async_chunk={str(plan.async_chunk).lower()}; device={plan.device}",
+        "",
+        _table(
+            ["#", "stage", "kind", "runner", "worker"],
+            [[str(i), s.stage, s.kind, s.runner_class, s.worker_class] for i, s in enumerate(plan.stages)],
+        ),
+        "",
+        "Serve each stage with its generated worker:",
+        *[f"  {s.stage}: {s.serve_command}" for s in plan.stages],
+        "",
+        "Decisions:",
+        _table(
+            ["stage", "decision", "value", "reason", "config keys"],
+            [
+                [s.stage, d.name, _value(d.value), d.reason, ", ".join(d.keys)]
+                for s in plan.stages
+                for d in s.decisions
+            ],
+        ),
+        "",
+        "Contract clauses per stage:",
+        _table(
+            ["stage", "clauses"],
+            [[s.stage, " ".join(s.clauses)] for s in plan.stages],
+        ),
+        "",
+        "Clause legend: " + "; ".join(f"{k} {v}" for k, v in CLAUSES.items()),
+    ]
+    return "\n".join(out)
+
+
+def _value(value: object) -> str:
+    if isinstance(value, bool):
+        return str(value).lower()
+    if value is None:
+        return "-"
+    return str(value)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

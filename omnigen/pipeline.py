@@ -1,0 +1,98 @@
+"""The whole flow in process: compose a model's config, check it, plan it, render its files.
+
+The CLI, the in-process API and the tests all go through these functions, so a
+config error reads the same everywhere: ``conf/model/x.yaml: key: problem; fix``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from hydra import compose, initialize_config_dir
+from hydra.core.global_hydra import GlobalHydra
+from hydra.errors import HydraException
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from omnigen import paths, render
+from omnigen.plan import ModelPlan, plan_build
+from omnigen.schema import register_configs
+from omnigen.spec import SpecError, build_spec, model_source
+
+
+class ConfigError(ValueError):
+    """A config that does not compose or does not hold together; the message says where and how to fix it."""
+
+
+def compose_config(model: str, overrides: Sequence[str] = ()) -> DictConfig:
+    """Compose ``conf/config.yaml`` with ``model=<model>`` and the overrides, as Hydra would."""
+    known = paths.model_names()
+    if model not in known:
+        raise ConfigError(
+            f"conf/model/{model}.yaml: no such model config; pick one of: {', '.join(known)} "
+            "(or add the file)"
+        )
+    register_configs()
+    hydra_state = GlobalHydra.instance()
+    if hydra_state.is_initialized():
+        hydra_state.clear()
+    try:
+        with initialize_config_dir(config_dir=str(paths.conf_dir()), version_base="1.3"):
+            return compose(config_name="config", overrides=[f"model={model}", *overrides])
+    except (HydraException, OmegaConfBaseException) as exc:
+        raise ConfigError(_explain_compose_error(model, overrides, exc)) from exc
+    finally:
+        if GlobalHydra.instance().is_initialized():
+            GlobalHydra.instance().clear()
+
+
+def _explain_compose_error(model: str, overrides: Sequence[str], exc: BaseException) -> str:
+    cause: BaseException = exc
+    while cause.__cause__ is not None and not getattr(cause, "full_key", None):
+        cause = cause.__cause__
+    key = getattr(cause, "full_key", None) or ""
+    message = str(cause).strip().splitlines()[0] if str(cause).strip() else type(cause).__name__
+    key = key.removeprefix("model.") if key else key
+    origin = model_source(model)
+    from_override = [o for o in overrides if key and key in o]
+    if from_override:
+        origin = f"override {from_override[0]!r} (on {model_source(model)})"
+    where = f"{origin}: {key}" if key else origin
+    return f"{where}: {message}; fix the value (see omnigen/schema.py for the allowed keys and values)"
+
+
+def model_plan(model: str, overrides: Sequence[str] = ()) -> ModelPlan:
+    cfg = compose_config(model, overrides)
+    return plan_from_config(cfg)
+
+
+def plan_from_config(cfg: DictConfig) -> ModelPlan:
+    try:
+        return plan_build(build_spec(cfg))
+    except SpecError as exc:
+        raise ConfigError(str(exc)) from exc
+
+
+def model_files(plan: ModelPlan, overrides: Sequence[str] = (), *, package_init: bool = False) -> dict[str, str]:
+    """Every file of one model, rendered, formatted and gated, keyed by path under generated/.
+
+    ``package_init`` adds the tree's root ``__init__.py`` (it lists every configured model).
+    """
+    files = render.model_files(plan, tuple(overrides))
+    if package_init:
+        files["__init__.py"] = render.render_package_init(paths.model_names())
+    return render.finish(files)
+
+
+def all_files() -> dict[str, str]:
+    """The whole committed tree: every model from conf/ without overrides, plus the package init."""
+    files: dict[str, str] = {}
+    models = paths.model_names()
+    for name in models:
+        files.update(render.model_files(model_plan(name)))
+    files["__init__.py"] = render.render_package_init(models)
+    return render.finish(files)
+
+
+def resolved_yaml(cfg: DictConfig) -> str:
+    return OmegaConf.to_yaml(cfg, resolve=True)

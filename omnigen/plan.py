@@ -1,0 +1,419 @@
+"""From a frozen spec to per-stage plans: every decision the templates need, with its reason.
+
+Pure functions, no I/O. A plan names the classes, the base classes, the
+constants and which contract paths exist; each decision records the config keys
+behind it so ``plan.yaml`` and ``omnigen explain`` show reviewers why the
+generated code looks the way it does. The plans of all shipped models are the
+spec matrix that ``tests/spec_matrix.yaml`` holds them to.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+from omnigen.schema import DecodeBatch, Device, MTPGraph, PerRowGenerators, StageKind
+from omnigen.spec import BuildSpec, ModelSpec, StageSpec
+
+# Contract clauses (CONTRACT.md section numbers) and what each covers.
+CLAUSES: dict[str, str] = {
+    "1.1": "_model_forward with the stage's kwargs",
+    "1.1-omni-output": "rebuild an OmniOutput flattened by a CUDA-graph weak reference",
+    "1.2": "decode-step metadata hooks around the forward",
+    "1.3": "extract_multimodal_outputs",
+    "2.1": "_init_talker_mtp and the four MTP buffers",
+    "2.2": "MTP graph policy",
+    "2.3": "_talker_mtp_forward (seeding, sampling, write-back)",
+    "3.1": "runner-owned keys in each row's buffer",
+    "3.2": "MTP routing of single-token decode rows",
+    "3.3": "per-row preprocess hook",
+    "3.3-batch-mtp": "batched decode preprocessing feeding the MTP (5-tuple hook)",
+    "3.3-batch-plain": "batched decode preprocessing without MTP (3-tuple hook, in place)",
+    "3.4": "MTP rows run once after the rows",
+    "3.5": "bad batch input fails before anything changes",
+    "3.6": "hook sees the scheduled ids when a wrapper passes none",
+    "3.7": "_filter_mrope_kwargs_for_model",
+    "3.8": "_attach_request_features",
+    "4.1": "_update_intermediate_buffer (merge, GPU-resident keys, mirror)",
+    "4.2": "_update_additional_information and payload serialization",
+    "4.2-every-step": "buffers refreshed from the scheduler every step",
+    "4.3": "snapshot replacement on a producer marker",
+    "4.4": "_update_streaming_input_additional_info",
+    "4.5": "_sync_local_stage_payloads",
+    "5.1": "accumulate_full_payload_output",
+    "5.2": "_should_accumulate_full_payload_output",
+    "5.3": "_should_defer_full_payload_d2h (request-end payload)",
+    "6": "worker class and finished-request cleanup",
+}
+
+
+@dataclass(frozen=True)
+class Decision:
+    name: str
+    value: Any
+    reason: str
+    keys: tuple[str, ...]
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"value": self.value, "reason": self.reason, "keys": list(self.keys)}
+
+
+@dataclass(frozen=True)
+class MTPPlan:
+    graph: str
+    """Resolved graph policy: ``safe`` or ``unsafe``."""
+    hidden_size_from: str
+    output_key: tuple[str, str]
+    output_key_gpu_resident: bool
+    per_row_generators: str
+    """``never``, ``always`` or ``eager_only`` (``eager_only`` with graph ``unsafe`` resolves to ``always``)."""
+    sampling_defaults: dict[str, Any] | None
+
+
+@dataclass(frozen=True)
+class StagePlan:
+    model: str
+    model_title: str
+    stage: str
+    order: int
+    source: str
+    module: str
+    runner_class: str
+    worker_class: str
+    device: str
+    kind: str
+    arch: str
+    final_output: str
+    producer: bool
+    next_stage_input: str | None
+    accumulates_full_payload: bool
+    preprocess_hook: bool
+    batch_preprocess_hook: bool
+    decode_batch: str
+    mtp: MTPPlan | None
+    gpu_resident_keys: tuple[tuple[str, str], ...]
+    refresh_every_step: bool
+    sync_payloads_before_rows: bool
+    replace_on_marker: bool
+    multimodal_outputs: bool
+    decode_step_metadata: bool
+    has_finish_decode_step: bool
+    request_end_payload: bool
+    defers_full_payload_d2h: bool
+    attach_request_features: bool
+    mrope: bool
+    async_chunk: bool
+    clauses: tuple[str, ...]
+    decisions: tuple[Decision, ...] = field(default=())
+
+    def capabilities(self) -> dict[str, Any]:
+        """The per-stage facts ``tests/spec_matrix.yaml`` states, under its key names."""
+        return {
+            "kind": self.kind,
+            "arch": self.arch,
+            "final_output": self.final_output,
+            "producer": self.producer,
+            "accumulates_full_payload": self.accumulates_full_payload,
+            "preprocess_hook": self.preprocess_hook,
+            "decode_batch": self.decode_batch,
+            "talker_mtp": self.mtp is not None,
+            "mtp_graph": self.mtp.graph if self.mtp else None,
+            "mtp_output_key": list(self.mtp.output_key) if self.mtp else None,
+            "mtp_hidden_size_from": self.mtp.hidden_size_from if self.mtp else None,
+            "mtp_per_row_generators": self.mtp.per_row_generators if self.mtp else None,
+            "mtp_sampling_defaults": bool(self.mtp and self.mtp.sampling_defaults),
+            "gpu_resident_keys": sorted(f"{t}.{q}" for t, q in self.gpu_resident_keys),
+            "refresh_every_step": self.refresh_every_step,
+            "replace_on_marker": self.replace_on_marker,
+            "multimodal_outputs": self.multimodal_outputs,
+            "decode_step_metadata": self.decode_step_metadata,
+            "request_end_payload": self.request_end_payload,
+            "defers_full_payload_d2h": self.defers_full_payload_d2h,
+            "attach_request_features": self.attach_request_features,
+            "mrope": self.mrope,
+            "async_chunk": self.async_chunk,
+        }
+
+    @property
+    def serve_command(self) -> str:
+        return f"vllm serve MODEL_PATH --worker-cls {self.module}.{self.worker_class}"
+
+
+@dataclass(frozen=True)
+class ModelPlan:
+    name: str
+    title: str
+    arch: str
+    source: str
+    async_chunk: bool
+    device: str
+    stages: tuple[StagePlan, ...]
+
+    def stage(self, name: str) -> StagePlan:
+        for stage in self.stages:
+            if stage.stage == name:
+                return stage
+        known = ", ".join(s.stage for s in self.stages)
+        raise KeyError(f"model {self.name!r} has no stage {name!r}; its stages are: {known}")
+
+    def as_dict(self) -> dict[str, Any]:
+        """The serializable plan (``generated/<model>/plan.yaml``)."""
+        return {
+            "model": self.name,
+            "title": self.title,
+            "arch": self.arch,
+            "source": self.source,
+            "async_chunk": self.async_chunk,
+            "device": self.device,
+            "stages": {
+                s.stage: {
+                    "order": s.order,
+                    "module": s.module,
+                    "runner_class": s.runner_class,
+                    "worker_class": s.worker_class,
+                    "serve": s.serve_command,
+                    "capabilities": s.capabilities(),
+                    "contract_clauses": list(s.clauses),
+                    "decisions": {d.name: d.as_dict() for d in s.decisions},
+                }
+                for s in self.stages
+            },
+        }
+
+
+def camel(name: str) -> str:
+    """``qwen3_omni`` -> ``Qwen3Omni``; ``code2wav`` -> ``Code2wav``."""
+    return "".join(part[:1].upper() + part[1:] for part in re.split(r"_+", name) if part)
+
+
+def class_prefix(model: str, stage: str) -> str:
+    """Class-name prefix that names the matrix cell: model, then stage (once if they coincide)."""
+    model_part = camel(model)
+    stage_part = camel(stage)
+    return model_part if stage_part == model_part else model_part + stage_part
+
+
+def plan_build(build: BuildSpec) -> ModelPlan:
+    model = build.model
+    return ModelPlan(
+        name=model.name,
+        title=model.title,
+        arch=model.arch,
+        source=model.source,
+        async_chunk=model.async_chunk,
+        device=build.device.value,
+        stages=tuple(_plan_stage(model, stage, build) for stage in model.stages),
+    )
+
+
+def _plan_stage(model: ModelSpec, stage: StageSpec, build: BuildSpec) -> StagePlan:
+    decisions: list[Decision] = []
+    key = f"stages.{stage.name}"
+
+    def decide(name: str, value: Any, reason: str, *keys: str) -> Any:
+        decisions.append(Decision(name, value, reason, tuple(keys)))
+        return value
+
+    prefix = class_prefix(model.name, stage.name)
+    kind = stage.kind.value
+    decide("kind", kind, f"{kind} stage", f"{key}.kind")
+
+    device = build.device
+    if device is Device.auto:
+        runner_base = decide(
+            "runner_base",
+            "GPUModelRunner on a GPU platform, CPUModelRunner on a CPU-only one",
+            "device=auto: the worker asks vLLM's current platform when vLLM loads it",
+            "device",
+        )
+    elif device is Device.cpu:
+        runner_base = decide("runner_base", "CPUModelRunner", "device=cpu", "device")
+    else:
+        runner_base = decide("runner_base", "GPUModelRunner", "device=cuda", "device")
+    del runner_base
+
+    producer = stage.producer
+    accumulates = producer and stage.full_payload and not model.async_chunk
+    if not producer:
+        reason = "the stage feeds no next stage (next_stage_input is null)"
+    elif not stage.full_payload:
+        reason = "the producer sends no full payload (full_payload: false)"
+    elif model.async_chunk:
+        reason = "async-chunk mode streams chunks instead of a full payload"
+    else:
+        reason = "a producer with a full-payload function, not in async-chunk mode"
+    decide(
+        "accumulates_full_payload",
+        accumulates,
+        reason,
+        f"{key}.next_stage_input",
+        f"{key}.full_payload",
+        "async_chunk",
+    )
+
+    defers = accumulates and stage.request_end_payload
+    decide(
+        "defers_full_payload_d2h",
+        defers,
+        "request-end payload on an accumulating stage (and, at run time, no prefix cache)"
+        if defers
+        else (
+            "no request-end payload declared"
+            if not stage.request_end_payload
+            else "declares a request-end payload but does not accumulate a full payload"
+        ),
+        f"{key}.outputs.request_end_payload",
+    )
+
+    mtp_plan: MTPPlan | None = None
+    if stage.mtp is not None:
+        mtp = stage.mtp
+        if build.mtp_graph_preset is not None:
+            graph = build.mtp_graph_preset
+            graph_reason = f"graph preset sets every MTP stage to {graph.value}"
+            graph_keys: tuple[str, ...] = ("mtp_graph",)
+        else:
+            graph = mtp.graph
+            graph_reason = f"mtp.graph={graph.value}"
+            graph_keys = (f"{key}.mtp.graph",)
+        if graph is MTPGraph.auto:
+            if mtp.owns_talker_module:
+                graph = MTPGraph.safe
+                graph_reason = "mtp.graph=auto resolves to safe: the stage owns a separate talker module"
+            else:
+                graph = MTPGraph.unsafe
+                graph_reason = "mtp.graph=auto resolves to unsafe: the stage owns no separate talker module"
+            graph_keys = graph_keys + (f"{key}.mtp.owns_talker_module",)
+        decide("mtp.graph", graph.value, graph_reason, *graph_keys)
+
+        per_row = mtp.per_row_generators
+        per_row_reason = f"mtp.per_row_generators={per_row.value}"
+        if per_row is PerRowGenerators.eager_only and graph is MTPGraph.unsafe:
+            per_row = PerRowGenerators.always
+            per_row_reason = "eager_only with a never-wrapped predictor (graph unsafe) always accepts them"
+        decide("mtp.per_row_generators", per_row.value, per_row_reason, f"{key}.mtp.per_row_generators")
+
+        gpu_codes = mtp.output_key in stage.gpu_resident_keys
+        decide(
+            "mtp.output_key",
+            list(mtp.output_key),
+            "codes stay on the device (GPU-resident key)" if gpu_codes else "codes move to CPU",
+            f"{key}.mtp.output_key",
+            f"{key}.buffers.gpu_resident",
+        )
+        decide(
+            "mtp.hidden_size",
+            f"model_config.{mtp.hidden_size_from}",
+            "read when the model loads",
+            f"{key}.mtp.hidden_size_from",
+        )
+        sampling = {name: value for name, value in mtp.sampling if value is not None}
+        decide(
+            "mtp.sampling_defaults",
+            sampling or None,
+            "stage defaults; model_config.subtalker_sampling_params overrides key by key"
+            if sampling
+            else "no stage defaults: only a deployment's subtalker_sampling_params, else None",
+            f"{key}.mtp.sampling",
+        )
+        mtp_plan = MTPPlan(
+            graph=graph.value,
+            hidden_size_from=mtp.hidden_size_from,
+            output_key=mtp.output_key,
+            output_key_gpu_resident=gpu_codes,
+            per_row_generators=per_row.value,
+            sampling_defaults=sampling or None,
+        )
+    else:
+        decide("talker_mtp", False, "mtp.enabled is false: no MTP code", f"{key}.mtp.enabled")
+
+    decode_batch = stage.decode_batch.value
+    decide("decode_batch", decode_batch, f"preprocess.decode_batch={decode_batch}", f"{key}.preprocess.decode_batch")
+
+    refresh = stage.refresh_every_step
+    decide(
+        "refresh_every_step",
+        refresh,
+        "buffers.refresh_every_step: the scheduler's payloads merge on every step"
+        if refresh
+        else "buffers take the scheduler's payloads only when a request is admitted",
+        f"{key}.buffers.refresh_every_step",
+    )
+    sync_before_rows = refresh and not model.async_chunk
+    decide(
+        "sync_payloads_before_rows",
+        sync_before_rows,
+        "full-payload mode: connector-delivered payloads override earlier infos before the rows"
+        if sync_before_rows
+        else ("async-chunk mode" if refresh else "no per-step refresh"),
+        "async_chunk",
+        f"{key}.buffers.refresh_every_step",
+    )
+
+    clauses = ["1.1", "1.3", "4.1", "4.2", "4.4", "4.5", "5.2", "6"]
+    if stage.multimodal_outputs:
+        clauses.append("1.1-omni-output")
+    if stage.decode_step_metadata:
+        clauses.append("1.2")
+    if stage.mtp is not None:
+        clauses += ["2.1", "2.2", "2.3", "3.2", "3.4"]
+    if stage.preprocess_hook:
+        clauses += ["3.1", "3.3", "3.6"]
+    if stage.decode_batch is DecodeBatch.mtp:
+        clauses += ["3.3-batch-mtp", "3.5"]
+    if stage.decode_batch is DecodeBatch.plain:
+        clauses += ["3.3-batch-plain", "3.5"]
+    if stage.mrope:
+        clauses.append("3.7")
+    if stage.attach_request_features:
+        clauses.append("3.8")
+    if refresh:
+        clauses.append("4.2-every-step")
+    if stage.replace_on_marker:
+        clauses.append("4.3")
+    if accumulates:
+        clauses.append("5.1")
+    if defers:
+        clauses.append("5.3")
+    ordered_clauses = tuple(c for c in CLAUSES if c in set(clauses))
+
+    return StagePlan(
+        model=model.name,
+        model_title=model.title,
+        stage=stage.name,
+        order=stage.order,
+        source=model.source,
+        module=f"omnigen.generated.{model.name}.{stage.name}",
+        runner_class=f"{prefix}Runner",
+        worker_class=f"{prefix}Worker",
+        device=device.value,
+        kind=kind,
+        arch=stage.arch,
+        final_output=stage.final_output.value,
+        producer=producer,
+        next_stage_input=stage.next_stage_input,
+        accumulates_full_payload=accumulates,
+        preprocess_hook=stage.preprocess_hook,
+        batch_preprocess_hook=stage.batch_preprocess_hook,
+        decode_batch=decode_batch,
+        mtp=mtp_plan,
+        gpu_resident_keys=stage.gpu_resident_keys,
+        refresh_every_step=refresh,
+        sync_payloads_before_rows=sync_before_rows,
+        replace_on_marker=stage.replace_on_marker,
+        multimodal_outputs=stage.multimodal_outputs,
+        decode_step_metadata=stage.decode_step_metadata,
+        has_finish_decode_step=stage.has_finish_decode_step,
+        request_end_payload=stage.request_end_payload,
+        defers_full_payload_d2h=defers,
+        attach_request_features=stage.attach_request_features,
+        mrope=stage.mrope,
+        async_chunk=model.async_chunk,
+        clauses=ordered_clauses,
+        decisions=tuple(decisions),
+    )
+
+
+def is_generation(plan: StagePlan) -> bool:
+    return plan.kind == StageKind.generation.value

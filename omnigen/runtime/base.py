@@ -1,0 +1,236 @@
+"""The contract pieces every omni stage has, whatever its config says.
+
+``OmniRunnerBase`` is a mixin placed before vLLM's runner class in each
+generated runner: ``class Qwen3OmniTalkerRunner(OmniRunnerBase, GPUModelRunner)``.
+Policy-specific paths (MTP, decode batching, snapshot replacement, decode-step
+metadata, ...) are not here: the generated class has them only where its
+config enables them. Class constants set by the generated class carry the
+per-stage decisions this mixin needs (``GPU_RESIDENT_KEYS``).
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+import torch
+
+from omnigen.runtime import buffers, payloads
+from omnigen.runtime.outputs import OmniOutput
+from omnigen.runtime.serialization import deserialize_additional_information
+
+
+class OmniRunnerBase:
+    OMNI_MODEL: ClassVar[str] = ""
+    OMNI_STAGE: ClassVar[str] = ""
+    GPU_RESIDENT_KEYS: ClassVar[frozenset[tuple[str, str]]] = frozenset()
+    """``(type, qualifier)`` buffer keys whose tensors stay on the device (``buffers.gpu_resident``)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.model_intermediate_buffer: dict[str, dict[str, Any]] = {}
+        self._pending_full_payload_send: dict[str, payloads.PendingPayload] = {}
+        self._local_stage_payload_cache: dict[str, dict[str, Any]] = {}
+        self._full_payload_pending_broadcast_req_ids: set[str] = set()
+        self._talker_mtp_generators: dict[str, torch.Generator] = {}
+        self.omni_prefix_cache = None
+        self._omni_last_model_output: Any = None
+
+    # -- 4. Per-request buffers -------------------------------------------------------------
+
+    def _update_intermediate_buffer(self, req_id: str, update: Any) -> None:
+        """Merge ``update`` into the request's buffer one level deep and mirror it (4.1)."""
+        if not isinstance(update, dict) or not update:
+            return
+        request = self.requests.get(req_id)
+        if request is None:
+            return
+        buffer = self.model_intermediate_buffer.get(req_id)
+        if buffer is None:
+            buffer = self.model_intermediate_buffer[req_id] = {}
+        buffers.merge_update(buffer, update, self.GPU_RESIDENT_KEYS)
+        request.additional_information_cpu = buffer
+
+    def _replace_intermediate_buffer(self, req_id: str, snapshot: dict[str, Any]) -> None:
+        """Make ``snapshot`` the request's buffer (and its mirror)."""
+        request = self.requests.get(req_id)
+        if request is None:
+            return
+        self.model_intermediate_buffer[req_id] = snapshot
+        request.additional_information_cpu = snapshot
+
+    def _update_additional_information(self, scheduler_output: Any) -> None:
+        """Merge the scheduler's payloads: new requests' buffers and infos, cached requests' infos (4.2)."""
+        for new_req in scheduler_output.scheduled_new_reqs:
+            for payload in new_request_payloads(new_req):
+                self._update_intermediate_buffer(new_req.req_id, payload)
+        for req_id, payload in cached_request_payloads(scheduler_output):
+            self._update_intermediate_buffer(req_id, payload)
+
+    def _admit_new_request_payloads(self, scheduler_output: Any) -> None:
+        """Merge the payloads new requests arrive with (stages that do not refresh every step)."""
+        for new_req in scheduler_output.scheduled_new_reqs:
+            for payload in new_request_payloads(new_req):
+                self._update_intermediate_buffer(new_req.req_id, payload)
+
+    def _update_streaming_input_additional_info(self, new_req_data: Any, req_id: str) -> None:
+        """A request re-admitted with more streaming input: merge, mark resumable, mirror (4.4)."""
+        incoming = getattr(new_req_data, "model_intermediate_buffer", None)
+        if not isinstance(incoming, dict) or not incoming:
+            incoming = deserialize_additional_information(getattr(new_req_data, "additional_information", None))
+        merged = buffers.merged_for_streaming(self.model_intermediate_buffer.get(req_id), incoming)
+        self.model_intermediate_buffer[req_id] = merged
+        request = self.requests.get(req_id)
+        if request is not None:
+            request.additional_information_cpu = merged
+
+    def _sync_local_stage_payloads(self) -> None:
+        """Move received stage payloads into buffers of active, not-pending requests (4.5)."""
+        cache = self._local_stage_payload_cache
+        if not cache:
+            return
+        pending = self._full_payload_pending_broadcast_req_ids
+        ready = [
+            req_id
+            for req_id, payload in cache.items()
+            if req_id in self.requests and req_id not in pending and isinstance(payload, dict)
+        ]
+        for req_id in ready:
+            self._update_intermediate_buffer(req_id, cache.pop(req_id))
+
+    # -- 1.3 Outputs ---------------------------------------------------------------------------
+
+    @staticmethod
+    def _split_plain_output(hidden_states: Any) -> tuple[Any, dict[str, Any]]:
+        """``(text_hidden, {})`` for a tensor, intermediate tensors, tuple or list; else ValueError."""
+        from omnigen.runtime.vllm_api import IntermediateTensors
+
+        if isinstance(hidden_states, (torch.Tensor, IntermediateTensors)):
+            return hidden_states, {}
+        if isinstance(hidden_states, (tuple, list)):
+            return hidden_states[0], {}
+        raise ValueError(
+            f"extract_multimodal_outputs: invalid hidden states type {type(hidden_states).__name__}; "
+            "expected OmniOutput, torch.Tensor, IntermediateTensors, tuple or list"
+        )
+
+    # -- 1.1 Handing the forward output back to vLLM ------------------------------------------
+
+    def execute_model(self, scheduler_output: Any, intermediate_tensors: Any = None) -> Any:
+        # Inside vLLM's own step the forward output must be what vLLM samples from.
+        self._omni_in_engine_step = True
+        try:
+            return super().execute_model(scheduler_output, intermediate_tensors)  # type: ignore[misc]
+        finally:
+            self._omni_in_engine_step = False
+
+    def _omni_hand_back(self, output: Any) -> Any:
+        """Keep the forward output; inside vLLM's step, give vLLM the text hidden states.
+
+        Called directly (tests, other callers), ``_model_forward`` returns the ``OmniOutput``
+        itself (1.1); vLLM's ``execute_model`` indexes hidden states by token, so there the
+        payload is kept on the runner and handed to ``_on_step_payload``.
+        """
+        self._omni_last_model_output = output
+        if not isinstance(output, OmniOutput) or not self.__dict__.get("_omni_in_engine_step", False):
+            return output
+        self._on_step_payload(output.multimodal_outputs)
+        return output.text_hidden_states
+
+    def _on_step_payload(self, payload: Any) -> None:
+        """What a stage does with a step's multimodal payload; producers accumulate it (5.1)."""
+
+    def _accumulate_step_payload_rows(self, payload: Any) -> None:
+        """Split a step's payload into each request's token rows and accumulate them (5.1)."""
+        if not isinstance(payload, dict) or not payload:
+            return
+        req_ids = self.input_batch.req_ids
+        bounds = self.query_start_loc.np[: len(req_ids) + 1].tolist()
+        total = bounds[-1]
+        for row, req_id in enumerate(req_ids):
+            start, end = bounds[row], bounds[row + 1]
+            rows = {
+                key: value[start:end]
+                if isinstance(value, torch.Tensor) and value.dim() >= 1 and value.shape[0] >= total
+                else value
+                for key, value in payload.items()
+            }
+            self.accumulate_full_payload_output(req_id, rows, self.requests.get(req_id))
+
+    # -- 5. Stage-to-stage payloads ------------------------------------------------------------
+
+    def accumulate_full_payload_output(self, req_id: str, pooler_output: dict[str, Any], request: Any) -> None:
+        """Fold one step's output into what this stage sends when the request ends (5.1)."""
+        pending = self._pending_full_payload_send
+        pending[req_id] = payloads.accumulate(pending.get(req_id), pooler_output, request)
+
+    @staticmethod
+    def _materialize_full_payload_entry(entry: payloads.PendingPayload) -> tuple[dict[str, Any], Any]:
+        """``(dict_of_concatenated, request)`` for a pending payload (5.1)."""
+        return payloads.materialize(entry)
+
+    def _build_omni_step_outputs(
+        self,
+        pooler_inter: list[dict[str, Any] | None] | None,
+        pooler_client: list[dict[str, Any] | None] | None,
+        *,
+        defer_full_payload_d2h: bool,
+    ) -> tuple[list[dict[str, Any] | None] | None, list[dict[str, Any] | None] | None]:
+        """Per-step multimodal outputs, host copies; ``(None, None)`` when the copy is deferred (5.3)."""
+        if defer_full_payload_d2h:
+            return None, None
+        inter = _host_outputs(pooler_inter)
+        client = inter if pooler_client is pooler_inter else _host_outputs(pooler_client)
+        return inter, client
+
+    # -- 6. Finished requests ------------------------------------------------------------------
+
+    def _release_finished_requests(self, finished_req_ids: Any) -> None:
+        """Drop a finished request's buffer, generator and pending payload."""
+        for req_id in finished_req_ids:
+            self.model_intermediate_buffer.pop(req_id, None)
+            self._talker_mtp_generators.pop(req_id, None)
+            self._pending_full_payload_send.pop(req_id, None)
+            self._local_stage_payload_cache.pop(req_id, None)
+
+    def _update_states(self, scheduler_output: Any) -> Any:
+        self._release_finished_requests(scheduler_output.finished_req_ids)
+        return super()._update_states(scheduler_output)  # type: ignore[misc]
+
+
+def new_request_payloads(new_req: Any) -> list[dict[str, Any]]:
+    """A new request's payloads in merge order: its buffer dict, then its decoded infos."""
+    found: list[dict[str, Any]] = []
+    buffer = getattr(new_req, "model_intermediate_buffer", None)
+    if isinstance(buffer, dict) and buffer:
+        found.append(buffer)
+    decoded = deserialize_additional_information(getattr(new_req, "additional_information", None))
+    if decoded:
+        found.append(decoded)
+    return found
+
+
+def cached_request_payloads(scheduler_output: Any) -> list[tuple[str, dict[str, Any]]]:
+    """``(req_id, decoded payload)`` for cached requests whose scheduler data carries one."""
+    infos = getattr(scheduler_output.scheduled_cached_reqs, "additional_information", None)
+    if not isinstance(infos, dict):
+        return []
+    found = []
+    for req_id, raw in infos.items():
+        decoded = deserialize_additional_information(raw)
+        if decoded:
+            found.append((req_id, decoded))
+    return found
+
+
+def _host_outputs(entries: list[dict[str, Any] | None] | None) -> list[dict[str, Any] | None] | None:
+    if entries is None:
+        return None
+    return [
+        None
+        if entry is None
+        else {k: v.detach().to("cpu") if isinstance(v, torch.Tensor) else v for k, v in entry.items()}
+        for entry in entries
+    ]
+
+
+__all__ = ["OmniOutput", "OmniRunnerBase", "cached_request_payloads", "new_request_payloads"]

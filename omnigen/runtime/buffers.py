@@ -1,0 +1,110 @@
+"""Per-request buffer mechanics (CONTRACT 4): merge, replace, streaming re-admission.
+
+A request's buffer is a dict of dicts, ``{"codes": {"audio": tensor}, "meta": {...}}``.
+These functions take the stage's policies (GPU-resident keys) as arguments; the
+runner methods that call them are in ``base.py`` and the generated classes.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+GpuKeys = frozenset[tuple[str, str]]
+
+REPLACE_MARKER = "replace_runtime_additional_information"
+RUNNER_META_KEYS = ("num_processed_tokens", "resumable")
+
+
+def _to_host(value: Any) -> Any:
+    if isinstance(value, torch.Tensor):
+        t = value.detach()
+        return t.to("cpu").contiguous() if t.device.type != "cpu" else t.contiguous()
+    if isinstance(value, list):
+        return [_to_host(item) if isinstance(item, torch.Tensor) else item for item in value]
+    return value
+
+
+def _keep_on_device(value: Any) -> Any:
+    # An owned copy: a graph replay must not rewrite what the buffer holds.
+    return value.detach().clone() if isinstance(value, torch.Tensor) else _to_host(value)
+
+
+def merge_update(buffer: dict[str, Any], update: dict[str, Any], gpu_keys: GpuKeys) -> None:
+    """Merge ``update`` into ``buffer`` one level deep, in place (4.1).
+
+    ``{type: {qualifier: value}}`` merges per qualifier; top-level scalars are stored.
+    Tensors move to CPU unless ``(type, qualifier)`` is a GPU-resident key.
+    """
+    for key, value in update.items():
+        if isinstance(value, dict):
+            sub = buffer.get(key)
+            if not isinstance(sub, dict):
+                sub = buffer[key] = {}
+            for qualifier, item in value.items():
+                if gpu_keys and (key, qualifier) in gpu_keys:
+                    sub[qualifier] = _keep_on_device(item)
+                else:
+                    sub[qualifier] = _to_host(item)
+        else:
+            buffer[key] = _to_host(value)
+
+
+def is_replace_marker(payload: Any) -> bool:
+    """True when ``payload["meta"]["replace_runtime_additional_information"]`` is true (4.3).
+
+    The marker may be a Python bool or a 0-d bool tensor.
+    """
+    if not isinstance(payload, dict):
+        return False
+    meta = payload.get("meta")
+    if not isinstance(meta, dict):
+        return False
+    flag = meta.get(REPLACE_MARKER)
+    if isinstance(flag, torch.Tensor):
+        return flag.numel() == 1 and bool(flag.item())
+    return flag is True
+
+
+def replacement_for_new_request(previous: Any, incoming: dict[str, Any]) -> dict[str, Any]:
+    """The buffer a re-admitted request gets from a replacing payload (4.3, new-request path).
+
+    The old terminal payload is not merged back; only the runner's own bookkeeping
+    (``meta.num_processed_tokens``, ``meta.resumable``) survives where the payload lacks it.
+    """
+    snapshot = dict(incoming)
+    meta = dict(incoming["meta"]) if isinstance(incoming.get("meta"), dict) else {}
+    prev_meta = previous.get("meta") if isinstance(previous, dict) else None
+    if isinstance(prev_meta, dict):
+        for key in RUNNER_META_KEYS:
+            if key not in meta and key in prev_meta:
+                meta[key] = prev_meta[key]
+    snapshot["meta"] = meta
+    return snapshot
+
+
+def replacement_for_cached_request(incoming: dict[str, Any]) -> dict[str, Any]:
+    """The buffer a running request gets from a replacing payload: the marker payload itself (4.3)."""
+    snapshot = dict(incoming)
+    if isinstance(incoming.get("meta"), dict):
+        snapshot["meta"] = dict(incoming["meta"])
+    return snapshot
+
+
+def merged_for_streaming(previous: Any, incoming: Any) -> dict[str, Any]:
+    """A copy of ``previous`` with ``incoming`` merged one level deep, marked resumable (4.4)."""
+    merged = dict(previous) if isinstance(previous, dict) else {}
+    if isinstance(incoming, dict):
+        for key, value in incoming.items():
+            if isinstance(value, dict):
+                sub = merged.get(key)
+                merged[key] = {**(sub if isinstance(sub, dict) else {}), **value}
+            else:
+                merged[key] = value
+    meta = merged.get("meta")
+    meta = dict(meta) if isinstance(meta, dict) else {}
+    meta["num_processed_tokens"] = 0
+    meta["resumable"] = True
+    merged["meta"] = meta
+    return merged

@@ -1,0 +1,79 @@
+"""Talker MTP mechanics (CONTRACT 2.3): seeding, sampling kwargs, write-back.
+
+The policies (output key, GPU residency, per-row generators, graph mode) are
+decided when the runner is generated; these helpers receive them as arguments.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+SEED_KEY = "tts_local_seed"
+SAMPLING_NAMES = ("do_sample", "temperature", "top_k", "top_p")
+
+
+def explicit_seed(request: Any) -> int | None:
+    """The row's seed: only ``sampling_params.extra_args["tts_local_seed"]`` counts.
+
+    A plain ``sampling_params.seed`` belongs to vLLM's own sampler and does not seed the MTP.
+    """
+    params = getattr(request, "sampling_params", None)
+    extra = getattr(params, "extra_args", None) if params is not None else None
+    if isinstance(extra, dict):
+        seed = extra.get(SEED_KEY)
+        if seed is not None:
+            return int(seed)
+    return None
+
+
+def row_generators(
+    cache: dict[str, torch.Generator],
+    requests: dict[str, Any],
+    req_ids: list[str],
+    device: torch.device,
+) -> list[torch.Generator | None]:
+    """One generator per row: None for unseeded rows, the request's kept generator otherwise.
+
+    A seeded request gets its generator on first use and keeps it across steps, so its
+    codes continue one random stream; requests no longer in ``requests`` are dropped.
+    """
+    generators: list[torch.Generator | None] = []
+    for req_id in req_ids:
+        seed = explicit_seed(requests[req_id])
+        if seed is None:
+            generators.append(None)
+            continue
+        generator = cache.get(req_id)
+        if generator is None or generator.device != device:
+            generator = torch.Generator(device=device)
+            generator.manual_seed(seed)
+            cache[req_id] = generator
+        generators.append(generator)
+    if cache:
+        for stale in [req_id for req_id in cache if req_id not in requests]:
+            del cache[stale]
+    return generators
+
+
+def sampling_kwargs(model_config: Any, defaults: dict[str, Any]) -> dict[str, Any]:
+    """``do_sample``/``temperature``/``top_k``/``top_p``, always all four.
+
+    The deployment's ``model_config.subtalker_sampling_params`` dict wins key by key, then the
+    stage's configured defaults, else None.
+    """
+    deployment = getattr(model_config, "subtalker_sampling_params", None)
+    if not isinstance(deployment, dict):
+        deployment = {}
+    return {name: deployment.get(name, defaults.get(name)) for name in SAMPLING_NAMES}
+
+
+def scatter_rows(inputs_embeds: torch.Tensor, offsets: list[int], rows: torch.Tensor) -> None:
+    """Write row i of ``rows`` to ``inputs_embeds[offsets[i]]`` in one device operation."""
+    n = len(offsets)
+    if offsets == list(range(n)):
+        inputs_embeds[:n].copy_(rows[:n])
+        return
+    index = torch.tensor(offsets, dtype=torch.long).to(inputs_embeds.device, non_blocking=True)
+    inputs_embeds.index_copy_(0, index, rows[:n])

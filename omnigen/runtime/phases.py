@@ -1,0 +1,168 @@
+"""Per-step row bookkeeping for the preprocess phase contract (CONTRACT 3.1-3.5).
+
+A step's rows are read once, as numpy arrays, so that deciding phases, MTP
+routing and decode-batch segments costs a few vector operations for the whole
+batch instead of per-row Python arithmetic.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+CONTIGUITY_ERROR = "Non-MTP batched decode preprocessing requires contiguous in-bounds token offsets"
+
+
+@dataclass(frozen=True)
+class RowPhases:
+    """The rows of one step, in ``input_batch.req_ids`` order."""
+
+    req_ids: list[str]
+    offsets: np.ndarray
+    """First token of each row in the flattened step (``query_start_loc``)."""
+    spans: np.ndarray
+    """Scheduled tokens of each row."""
+    prompt_lens: np.ndarray
+    computed: np.ndarray
+    """Tokens computed before this step."""
+    is_prefill: np.ndarray
+    """``computed < prompt_len``: a 5-token prompt scheduled 4 + 1 is prefill at computed=4."""
+    single_decode: np.ndarray
+    """Span 1 and not prefill: the rows a talker MTP or a decode batch takes."""
+
+    @property
+    def num_rows(self) -> int:
+        return len(self.req_ids)
+
+
+def read_row_phases(input_batch: Any, query_start_loc: Any, num_scheduled_tokens: dict[str, int]) -> RowPhases:
+    """Read the step's rows from vLLM's input batch and the scheduler's token counts."""
+    req_ids = list(input_batch.req_ids)
+    n = len(req_ids)
+    offsets = np.asarray(query_start_loc.np[:n], dtype=np.int64)
+    spans = np.fromiter((num_scheduled_tokens[r] for r in req_ids), dtype=np.int64, count=n)
+    prompt_lens = np.asarray(input_batch.num_prompt_tokens[:n], dtype=np.int64)
+    computed = np.asarray(input_batch.num_computed_tokens_cpu[:n], dtype=np.int64)
+    is_prefill = computed < prompt_lens
+    return RowPhases(
+        req_ids=req_ids,
+        offsets=offsets,
+        spans=spans,
+        prompt_lens=prompt_lens,
+        computed=computed,
+        is_prefill=is_prefill,
+        single_decode=(spans == 1) & ~is_prefill,
+    )
+
+
+def runner_keys(phases: RowPhases) -> list[dict[str, Any]]:
+    """The runner-owned keys of each row's buffer, as plain Python values (3.1)."""
+    return [
+        {
+            "request_id": req_id,
+            "_omni_prompt_len": prompt_len,
+            "_omni_num_computed_tokens": computed,
+            "_omni_is_prefill": is_prefill,
+        }
+        for req_id, prompt_len, computed, is_prefill in zip(
+            phases.req_ids,
+            phases.prompt_lens.tolist(),
+            phases.computed.tolist(),
+            phases.is_prefill.tolist(),
+        )
+    ]
+
+
+def segments(batchable: np.ndarray) -> list[tuple[int, int, bool]]:
+    """Split rows into ``(start, end, is_batch)`` segments in row order.
+
+    Adjacent batchable rows form one batch segment; every other row is a segment of its
+    own, so a non-batchable row between two batchable ones splits them (3.3).
+    """
+    n = int(batchable.shape[0])
+    if n == 0:
+        return []
+    if not batchable.any():
+        return [(i, i + 1, False) for i in range(n)]
+    out: list[tuple[int, int, bool]] = []
+    flags = batchable.tolist()
+    i = 0
+    while i < n:
+        if flags[i]:
+            j = i + 1
+            while j < n and flags[j]:
+                j += 1
+            out.append((i, j, True))
+            i = j
+        else:
+            out.append((i, i + 1, False))
+            i += 1
+    return out
+
+
+def check_contiguous_runs(
+    phases: RowPhases, runs: list[tuple[int, int, bool]], num_tokens: int
+) -> None:
+    """Raise before any hook runs if a non-MTP decode batch's offsets are not contiguous and in bounds (3.5)."""
+    for start, end, is_batch in runs:
+        if not is_batch:
+            continue
+        offs = phases.offsets[start:end]
+        first = int(offs[0])
+        if first < 0 or first + (end - start) > num_tokens or not np.array_equal(
+            offs, np.arange(first, first + (end - start))
+        ):
+            raise RuntimeError(
+                f"{CONTIGUITY_ERROR}: rows {start}..{end - 1} have offsets {offs.tolist()} "
+                f"for {num_tokens} scheduled tokens"
+            )
+
+
+RUNNER_KEYS = ("request_id", "_omni_prompt_len", "_omni_num_computed_tokens", "_omni_is_prefill")
+_ABSENT = object()
+
+
+def stamp_rows(infos: list[dict[str, Any]], keys: list[dict[str, Any]]) -> list[tuple[Any, ...]]:
+    """Write each row's runner keys into its infos; return what they held, for ``check_batch_outputs``."""
+    previous = []
+    for row_infos, row_keys in zip(infos, keys, strict=True):
+        previous.append(tuple(row_infos.get(key, _ABSENT) for key in RUNNER_KEYS))
+        row_infos.update(row_keys)
+    return previous
+
+
+def _unstamp(infos: list[dict[str, Any]], previous: list[tuple[Any, ...]]) -> None:
+    for row_infos, held in zip(infos, previous, strict=True):
+        for key, value in zip(RUNNER_KEYS, held, strict=True):
+            if value is _ABSENT:
+                row_infos.pop(key, None)
+            else:
+                row_infos[key] = value
+
+
+def check_batch_outputs(
+    num_rows: int,
+    ids: Any,
+    embeds: Any,
+    updates: Any,
+    hook: str,
+    infos: list[dict[str, Any]],
+    previous: list[tuple[Any, ...]],
+) -> None:
+    """Raise before any buffer write unless a batch hook returned one result per row (3.5).
+
+    On failure the runner keys stamped into the rows' buffers are put back as they were,
+    so the buffers end exactly as before the step.
+    """
+    got_ids = int(ids.numel()) if hasattr(ids, "numel") else len(ids)
+    got_embeds = int(embeds.shape[0]) if getattr(embeds, "ndim", 0) == 2 else 0
+    got_updates = len(updates)
+    if not got_ids == got_embeds == got_updates == num_rows:
+        _unstamp(infos, previous)
+        raise ValueError(
+            f"batched decode preprocessing: model.{hook} returned {got_ids} ids, {got_embeds} "
+            f"embeddings and {got_updates} updates for {num_rows} rows; it must return exactly one "
+            "of each per row"
+        )

@@ -1,0 +1,95 @@
+"""How vLLM loads a generated runner: worker classes that build it (CONTRACT 6).
+
+vLLM has no setting for a runner class; a worker builds the runner inside its
+``init_device``, from a name in its own module. The omni workers below build the
+generated runner in that place instead: on vLLM's GPU worker they build the
+generated class itself, on vLLM's CPU worker a variant of it composed with
+``CPUModelRunner`` (``cpu_runner_class``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import importlib
+from collections.abc import Iterator
+from typing import Any, ClassVar
+
+from vllm.v1.worker.cpu_model_runner import CPUModelRunner
+from vllm.v1.worker.cpu_worker import CPUWorker
+from vllm.v1.worker.gpu_worker import Worker
+
+from omnigen.runtime.vllm_api import is_cpu_platform
+
+
+@functools.cache
+def cpu_runner_class(runner_class: type) -> type:
+    """``runner_class`` rebuilt on vLLM's CPU runner: ``(runner_class, CPUModelRunner)``.
+
+    The generated class subclasses ``GPUModelRunner``; ``CPUModelRunner`` does too, so the
+    composition keeps the generated methods first and CPU specifics before the GPU base.
+    """
+    name = f"{runner_class.__name__}OnCPU"
+    return type(
+        name,
+        (runner_class, CPUModelRunner),
+        {"__module__": runner_class.__module__, "__qualname__": name},
+    )
+
+
+@contextlib.contextmanager
+def _module_attr(module_name: str, attr: str, value: Any) -> Iterator[None]:
+    module = importlib.import_module(module_name)
+    original = getattr(module, attr)
+    setattr(module, attr, value)
+    try:
+        yield
+    finally:
+        setattr(module, attr, original)
+
+
+class _OmniWorker:
+    runner_class: ClassVar[type]
+    """The generated runner class this worker builds."""
+
+    # Where vLLM's worker looks up the runner class it constructs in init_device.
+    _RUNNER_LOOKUP: ClassVar[tuple[str, str]]
+
+    @classmethod
+    def built_runner_class(cls) -> type:
+        return cls.runner_class
+
+    def init_device(self) -> None:
+        if getattr(self, "use_v2_model_runner", False):
+            raise RuntimeError(
+                f"{type(self).__name__} builds a V1 runner ({self.runner_class.__name__}); "
+                "unset VLLM_USE_V2_MODEL_RUNNER to serve it"
+            )
+        module_name, attr = self._RUNNER_LOOKUP
+        with _module_attr(module_name, attr, self.built_runner_class()):
+            super().init_device()  # type: ignore[misc]
+
+
+class OmniGPUWorker(_OmniWorker, Worker):
+    """vLLM's GPU worker building the generated runner."""
+
+    _RUNNER_LOOKUP = ("vllm.v1.worker.gpu_model_runner", "GPUModelRunner")
+
+
+class OmniCPUWorker(_OmniWorker, CPUWorker):
+    """vLLM's CPU worker building the CPU variant of the generated runner."""
+
+    _RUNNER_LOOKUP = ("vllm.v1.worker.cpu_worker", "CPUModelRunner")
+
+    @classmethod
+    def built_runner_class(cls) -> type:
+        return cpu_runner_class(cls.runner_class)
+
+
+def worker_base(device: str) -> type:
+    """The omni worker base for a configured device: ``cuda``, ``cpu``, or ``auto`` (vLLM's platform)."""
+    if device == "cpu" or (device == "auto" and is_cpu_platform()):
+        return OmniCPUWorker
+    if device in ("cuda", "auto"):
+        return OmniGPUWorker
+    raise ValueError(f"unknown device {device!r}; expected auto, cuda or cpu")

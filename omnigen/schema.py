@@ -1,0 +1,314 @@
+"""The typed shape of an omnigen config: what a user may write in ``conf/``.
+
+These are OmegaConf structured configs: Hydra validates every composed config
+against them, so an unknown key or a value outside an enum fails at compose
+time with the full key. Each field carries a docstring (the string literal
+after it); ``omnigen explain`` and the schema tests read them with ``ast``.
+
+Semantic checks that span fields (an MTP on a generation stage, a payload with
+nowhere to go) belong to ``spec.py``, not here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Dict, List, Optional
+
+from hydra.core.config_store import ConfigStore
+from omegaconf import MISSING
+
+
+class StageKind(Enum):
+    """How vLLM drives a stage."""
+
+    ar = "ar"
+    generation = "generation"
+
+
+class FinalOutput(Enum):
+    """What a stage publishes to the user, if anything."""
+
+    none = "none"
+    text = "text"
+    audio = "audio"
+
+
+class DecodeBatch(Enum):
+    """How adjacent single-token decode rows reach the model's hooks."""
+
+    none = "none"
+    mtp = "mtp"
+    plain = "plain"
+
+
+class MTPGraph(Enum):
+    """Whether the talker code predictor may be captured in a full CUDA graph."""
+
+    auto = "auto"
+    safe = "safe"
+    unsafe = "unsafe"
+
+
+class PerRowGenerators(Enum):
+    """Whether one batched predictor call may take a list of per-row generators."""
+
+    never = "never"
+    always = "always"
+    eager_only = "eager_only"
+
+
+class Device(Enum):
+    """Which vLLM runner and worker a generated worker builds on."""
+
+    auto = "auto"
+    cuda = "cuda"
+    cpu = "cpu"
+
+
+@dataclass
+class PreprocessConf:
+    """The model hooks that rewrite a step's inputs before the forward (CONTRACT 3)."""
+
+    hook: bool = False
+    """The model has ``preprocess(input_ids, input_embeds, **req_infos)``, called once per row."""
+
+    batch_hook: bool = False
+    """The model has ``preprocess_batch(req_ids, model_intermediate_buffer, device)``, called
+    once per step before the rows."""
+
+    decode_batch: DecodeBatch = DecodeBatch.none
+    """Adjacent single-token decode rows go to ``preprocess_decode_batch`` in one call:
+    ``mtp`` (5-tuple, feeds the talker MTP), ``plain`` (3-tuple, written in place), or ``none``."""
+
+    attach_request_features: bool = False
+    """Each row's infos get the request's ``mm_features`` and ``req_id`` (MiMo-Audio's fused stage)."""
+
+
+@dataclass
+class MTPSamplingConf:
+    """Default sampling of the code predictor; a deployment's
+    ``model_config.subtalker_sampling_params`` overrides it key by key."""
+
+    do_sample: Optional[bool] = None
+    """Sample (true) or take the argmax (false); null leaves it to the predictor."""
+
+    temperature: Optional[float] = None
+    """Softmax temperature, > 0; null leaves it to the predictor."""
+
+    top_k: Optional[int] = None
+    """Keep the k most likely codes, >= 0 (0 disables); null leaves it to the predictor."""
+
+    top_p: Optional[float] = None
+    """Nucleus mass in (0, 1]; null leaves it to the predictor."""
+
+
+@dataclass
+class MTPConf:
+    """The talker's multi-token code predictor, run after the talker step (CONTRACT 2)."""
+
+    enabled: bool = False
+    """The stage runs ``model.talker_mtp`` on its single-token decode rows."""
+
+    graph: MTPGraph = MTPGraph.auto
+    """``safe``: wrap the predictor in the platform's full-graph wrapper when full CUDA graphs
+    are on; ``unsafe``: never wrap; ``auto``: safe for a stage that owns a separate talker
+    module, unsafe otherwise (resolved when generating)."""
+
+    owns_talker_module: bool = False
+    """The stage's model holds the talker as a separate module (decides ``graph: auto``)."""
+
+    hidden_size_from: str = "hf_text_config.hidden_size"
+    """Attribute path under vLLM's ``model_config`` that gives the width of the MTP buffers,
+    read when the model loads (e.g. ``hf_config.talker_config.hidden_size`` for a TTS talker)."""
+
+    output_key: List[str] = field(default_factory=lambda: ["codes", "audio"])
+    """Where the predicted codes land in a request's buffer: ``[type, qualifier]``."""
+
+    per_row_generators: PerRowGenerators = PerRowGenerators.never
+    """Whether a batched predictor call accepts ``generators=[...]`` (one per row):
+    ``always``, ``never`` (seeded rows then run one call each), or ``eager_only`` (only when
+    the predictor is not graph-wrapped)."""
+
+    sampling: MTPSamplingConf = field(default_factory=MTPSamplingConf)
+    """Default sampling parameters passed to the predictor."""
+
+
+@dataclass
+class BuffersConf:
+    """The per-request buffer ``model_intermediate_buffer[req_id]`` (CONTRACT 4)."""
+
+    gpu_resident: List[str] = field(default_factory=list)
+    """``type.qualifier`` keys whose tensors stay on the device; every other tensor moves to CPU."""
+
+    refresh_every_step: bool = False
+    """Merge the scheduler's per-request payloads into the buffer on every step."""
+
+    replace_on_marker: bool = False
+    """A payload with ``meta.replace_runtime_additional_information`` true replaces the buffer
+    instead of merging into it."""
+
+
+@dataclass
+class OutputsConf:
+    """What the stage's forward produces beside text hidden states (CONTRACT 1, 5)."""
+
+    multimodal: bool = False
+    """The forward returns an ``OmniOutput`` with a multimodal payload."""
+
+    decode_step_metadata: bool = False
+    """Call ``model.update_decode_step_metadata`` before each forward and
+    ``model.finish_decode_step_forward`` after it."""
+
+    has_finish_decode_step: bool = False
+    """The model defines ``finish_decode_step_forward`` (only with ``decode_step_metadata``)."""
+
+    request_end_payload: bool = False
+    """Keep the full payload on the device until the request ends (defer the device-to-host copy)."""
+
+
+@dataclass
+class PositionsConf:
+    """How positions are computed for the stage's forward."""
+
+    mrope: bool = False
+    """The stage uses multimodal rotary positions (``get_mrope_input_positions``)."""
+
+
+@dataclass
+class StageConf:
+    """One stage of a model's pipeline, run by one generated runner."""
+
+    order: int = MISSING
+    """Position of the stage in the pipeline (ascending); the stages dict is keyed by name."""
+
+    kind: StageKind = MISSING
+    """``ar`` (autoregressive LLM) or ``generation`` (vocoder, codec decoder)."""
+
+    arch: Optional[str] = None
+    """The ``model_arch`` vLLM sees for this stage; null means the model's ``arch``."""
+
+    final_output: FinalOutput = FinalOutput.none
+    """What the stage publishes to the user: ``none``, ``text`` or ``audio``."""
+
+    next_stage_input: Optional[str] = None
+    """Dotted path of the function that turns this stage's output into the next stage's
+    input (the stage is a producer); null for a stage that feeds nothing."""
+
+    full_payload: bool = True
+    """The producer also sends a full payload when the request ends (unless async chunks
+    are on); ignored when ``next_stage_input`` is null."""
+
+    preprocess: PreprocessConf = field(default_factory=PreprocessConf)
+    """Model hooks that rewrite the step's inputs."""
+
+    mtp: MTPConf = field(default_factory=MTPConf)
+    """Talker multi-token prediction."""
+
+    buffers: BuffersConf = field(default_factory=BuffersConf)
+    """Per-request buffer policies."""
+
+    outputs: OutputsConf = field(default_factory=OutputsConf)
+    """Output policies."""
+
+    positions: PositionsConf = field(default_factory=PositionsConf)
+    """Position policies."""
+
+
+@dataclass
+class ModelConf:
+    """A model served as a pipeline of stages."""
+
+    name: str = MISSING
+    """The config name: ``conf/model/<name>.yaml`` and ``omnigen.generated.<name>``."""
+
+    title: str = MISSING
+    """Human name used in docstrings, e.g. ``Qwen3-Omni``."""
+
+    arch: str = MISSING
+    """The ``model_arch`` vLLM sees (architecture in the HF config)."""
+
+    async_chunk: bool = False
+    """Producers stream chunks to the next stage while running instead of a full payload at
+    request end (a deployment choice)."""
+
+    stages: Dict[str, StageConf] = field(default_factory=dict)
+    """The stages, keyed by stage name (a Python identifier); ``order`` sets their sequence."""
+
+
+@dataclass
+class OmniGenConfig:
+    """The root config that ``omnigen build`` composes."""
+
+    model: ModelConf = MISSING
+    """The model to generate (``model=NAME`` picks ``conf/model/NAME.yaml``)."""
+
+    device: Device = Device.auto
+    """Which vLLM runner/worker the generated worker builds on: ``cuda``, ``cpu``, or ``auto``
+    (decided when vLLM loads the worker, from vLLM's current platform)."""
+
+    mtp_graph: Optional[MTPGraph] = None
+    """Preset that overrides ``mtp.graph`` of every MTP stage (set by the ``graph`` group); null
+    keeps each stage's own setting."""
+
+    out: Optional[str] = None
+    """Output directory; null writes the package's ``generated/`` tree. Required with ``--multirun``."""
+
+
+def register_configs() -> None:
+    """Register the schema in Hydra's ConfigStore (idempotent)."""
+    cs = ConfigStore.instance()
+    # The model node of the root schema is typed ModelConf, so every conf/model/*.yaml
+    # merged into it is validated without a schema entry in the model group.
+    cs.store(name="omnigen_schema", node=OmniGenConfig)
+
+
+SCHEMA_CLASSES: tuple[type, ...] = (
+    PreprocessConf,
+    MTPSamplingConf,
+    MTPConf,
+    BuffersConf,
+    OutputsConf,
+    PositionsConf,
+    StageConf,
+    ModelConf,
+    OmniGenConfig,
+)
+
+ENUMS: tuple[type[Enum], ...] = (
+    StageKind,
+    FinalOutput,
+    DecodeBatch,
+    MTPGraph,
+    PerRowGenerators,
+    Device,
+)
+
+
+def field_docs() -> dict[str, dict[str, str]]:
+    """``{ClassName: {field: docstring}}`` read from this file's source."""
+    import ast
+    import inspect
+    import sys
+
+    tree = ast.parse(inspect.getsource(sys.modules[__name__]))
+    docs: dict[str, dict[str, str]] = {}
+    for node in tree.body:
+        if not isinstance(node, ast.ClassDef):
+            continue
+        per_field: dict[str, str] = {}
+        body = node.body
+        for i, stmt in enumerate(body):
+            if isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name):
+                nxt = body[i + 1] if i + 1 < len(body) else None
+                if (
+                    isinstance(nxt, ast.Expr)
+                    and isinstance(nxt.value, ast.Constant)
+                    and isinstance(nxt.value.value, str)
+                ):
+                    per_field[stmt.target.id] = " ".join(nxt.value.value.split())
+                else:
+                    per_field[stmt.target.id] = ""
+        docs[node.name] = per_field
+    return docs
+

@@ -1,0 +1,351 @@
+"""Validated, frozen model specs built from a composed config.
+
+The schema (``schema.py``) guarantees types and known keys; this layer checks
+what only makes sense across fields, and collects every finding before it
+raises, each one as ``conf/model/x.yaml: stages.talker.mtp.graph: what is wrong;
+how to fix it``. Once built, a spec cannot change (frozen dataclasses), and
+every string that will reach generated code has been checked to be an
+identifier or a dotted path of identifiers.
+"""
+
+from __future__ import annotations
+
+import keyword
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+
+from omnigen.schema import (
+    DecodeBatch,
+    Device,
+    FinalOutput,
+    ModelConf,
+    MTPGraph,
+    PerRowGenerators,
+    StageKind,
+)
+
+_IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_CONF_NAME = re.compile(r"^[a-z][a-z0-9_]*$")
+
+
+class SpecError(ValueError):
+    """A config that composes but cannot hold together; lists every finding."""
+
+    def __init__(self, findings: list[str]):
+        self.findings = findings
+        super().__init__("invalid omnigen config:\n" + "\n".join(f"  {f}" for f in findings))
+
+
+def is_identifier(text: str) -> bool:
+    return bool(_IDENTIFIER.match(text)) and not keyword.iskeyword(text)
+
+
+def is_dotted_path(text: str) -> bool:
+    return bool(text) and all(is_identifier(part) for part in text.split("."))
+
+
+@dataclass(frozen=True)
+class MTPSpec:
+    graph: MTPGraph
+    owns_talker_module: bool
+    hidden_size_from: str
+    output_key: tuple[str, str]
+    per_row_generators: PerRowGenerators
+    sampling: tuple[tuple[str, Any], ...]
+    """Configured sampling defaults as sorted ``(name, value)`` pairs, None values kept."""
+
+
+@dataclass(frozen=True)
+class StageSpec:
+    name: str
+    order: int
+    kind: StageKind
+    arch: str
+    final_output: FinalOutput
+    next_stage_input: str | None
+    full_payload: bool
+    preprocess_hook: bool
+    batch_preprocess_hook: bool
+    decode_batch: DecodeBatch
+    attach_request_features: bool
+    mtp: MTPSpec | None
+    gpu_resident_keys: tuple[tuple[str, str], ...]
+    refresh_every_step: bool
+    replace_on_marker: bool
+    multimodal_outputs: bool
+    decode_step_metadata: bool
+    has_finish_decode_step: bool
+    request_end_payload: bool
+    mrope: bool
+
+    @property
+    def producer(self) -> bool:
+        return self.next_stage_input is not None
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    name: str
+    title: str
+    arch: str
+    async_chunk: bool
+    stages: tuple[StageSpec, ...]
+    source: str
+    """Config file the model came from, relative to the config root (``conf/model/x.yaml``)."""
+
+    def stage(self, name: str) -> StageSpec:
+        for stage in self.stages:
+            if stage.name == name:
+                return stage
+        known = ", ".join(s.name for s in self.stages)
+        raise KeyError(f"model {self.name!r} has no stage {name!r}; its stages are: {known}")
+
+
+@dataclass(frozen=True)
+class BuildSpec:
+    """One model plus the build-wide choices (device, graph preset)."""
+
+    model: ModelSpec
+    device: Device
+    mtp_graph_preset: MTPGraph | None
+
+
+def model_source(name: str) -> str:
+    return f"conf/model/{name}.yaml"
+
+
+class _Findings:
+    def __init__(self, source: str):
+        self.source = source
+        self.items: list[str] = []
+
+    def add(self, key: str, problem: str) -> None:
+        self.items.append(f"{self.source}: {key}: {problem}")
+
+
+def build_spec(cfg: DictConfig) -> BuildSpec:
+    """Turn a composed root config into a frozen, checked ``BuildSpec``."""
+    model_cfg = cfg.model
+    name = str(model_cfg.get("name", "?"))
+    findings = _Findings(model_source(name))
+    try:
+        model: ModelConf = OmegaConf.to_object(model_cfg)  # type: ignore[assignment]
+    except Exception as exc:  # unknown key added with '+', a missing value
+        findings.add(_error_key(exc), f"{_first_line(exc)}; fix the key or its value")
+        raise SpecError(findings.items) from exc
+    spec = _model_spec(model, findings)
+    device = Device(cfg.device.value if isinstance(cfg.device, Device) else cfg.device)
+    preset_raw = cfg.get("mtp_graph")
+    preset = None if preset_raw is None else MTPGraph(getattr(preset_raw, "value", preset_raw))
+    if findings.items:
+        raise SpecError(findings.items)
+    assert spec is not None
+    return BuildSpec(model=spec, device=device, mtp_graph_preset=preset)
+
+
+def _error_key(exc: Exception) -> str:
+    key = getattr(exc, "full_key", None)
+    return str(key) if key else "model"
+
+
+def _first_line(exc: Exception) -> str:
+    return str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+
+
+def _model_spec(model: ModelConf, findings: _Findings) -> ModelSpec | None:
+    if not _CONF_NAME.match(model.name):
+        findings.add(
+            "name",
+            f"{model.name!r} is not a lowercase identifier; name the model like its file "
+            "(letters, digits, underscores)",
+        )
+    if not is_dotted_path(model.arch):
+        findings.add("arch", f"{model.arch!r} is not a Python identifier; use vLLM's model_arch name")
+    if not model.title.strip():
+        findings.add("title", "is empty; give the model's human name, e.g. Qwen3-Omni")
+    if not model.stages:
+        findings.add("stages", "no stages; a model needs at least one stage")
+
+    orders: dict[int, str] = {}
+    for stage_name, stage in sorted(model.stages.items(), key=lambda kv: (kv[1].order, kv[0])):
+        if stage.order in orders:
+            findings.add(
+                f"stages.{stage_name}.order",
+                f"{stage.order} is also the order of stage {orders[stage.order]!r}; "
+                "give every stage a distinct order",
+            )
+        orders.setdefault(stage.order, stage_name)
+
+    ordered = sorted(model.stages.items(), key=lambda kv: (kv[1].order, kv[0]))
+    stages = tuple(
+        _stage_spec(model, stage_name, stage, is_last=(i == len(ordered) - 1), findings=findings)
+        for i, (stage_name, stage) in enumerate(ordered)
+    )
+    return ModelSpec(
+        name=model.name,
+        title=model.title,
+        arch=model.arch,
+        async_chunk=model.async_chunk,
+        stages=stages,
+        source=model_source(model.name),
+    )
+
+
+def _stage_spec(model: ModelConf, name: str, stage: Any, *, is_last: bool, findings: _Findings) -> StageSpec:
+    key = f"stages.{name}"
+    add = findings.add
+    if not is_identifier(name):
+        add(key, f"stage name {name!r} is not a Python identifier; rename it (letters, digits, underscores)")
+    arch = stage.arch or model.arch
+    if stage.arch is not None and not is_identifier(stage.arch):
+        add(f"{key}.arch", f"{stage.arch!r} is not a Python identifier; use vLLM's model_arch name")
+    is_gen = stage.kind is StageKind.generation
+
+    if stage.next_stage_input is not None:
+        if not is_dotted_path(stage.next_stage_input):
+            add(
+                f"{key}.next_stage_input",
+                f"{stage.next_stage_input!r} is not a dotted path; write package.module.function",
+            )
+        if is_last:
+            add(
+                f"{key}.next_stage_input",
+                "the last stage has no next stage to feed; set it to null or add the consuming stage",
+            )
+
+    pre = stage.preprocess
+    if pre.decode_batch is not DecodeBatch.none and not pre.hook:
+        add(
+            f"{key}.preprocess.decode_batch",
+            f"{pre.decode_batch.value} needs preprocess.hook: true (rows outside a decode batch "
+            "go to model.preprocess); enable the hook or set decode_batch: none",
+        )
+    if pre.attach_request_features and not pre.hook:
+        add(
+            f"{key}.preprocess.attach_request_features",
+            "attaches features to the preprocess hook's infos; set preprocess.hook: true or turn it off",
+        )
+    if is_gen and pre.decode_batch is not DecodeBatch.none:
+        add(f"{key}.preprocess.decode_batch", "a generation stage has no decode steps; set decode_batch: none")
+
+    mtp_cfg = stage.mtp
+    mtp: MTPSpec | None = None
+    if mtp_cfg.enabled:
+        if is_gen:
+            add(
+                f"{key}.mtp.enabled",
+                "a talker MTP runs after an autoregressive talker step; a generation stage "
+                "cannot have one (set kind: ar or mtp.enabled: false)",
+            )
+        if not pre.hook:
+            add(
+                f"{key}.mtp.enabled",
+                "the MTP inputs come from the preprocess hook (update['mtp_inputs']); "
+                "set preprocess.hook: true",
+            )
+        if len(mtp_cfg.output_key) != 2 or not all(is_identifier(p) for p in mtp_cfg.output_key):
+            add(
+                f"{key}.mtp.output_key",
+                f"{list(mtp_cfg.output_key)!r} must be two identifiers [type, qualifier], e.g. [codes, audio]",
+            )
+        if not is_dotted_path(mtp_cfg.hidden_size_from):
+            add(
+                f"{key}.mtp.hidden_size_from",
+                f"{mtp_cfg.hidden_size_from!r} is not an attribute path under model_config, "
+                "e.g. hf_text_config.hidden_size",
+            )
+        _check_sampling(mtp_cfg.sampling, f"{key}.mtp.sampling", add)
+        mtp = MTPSpec(
+            graph=mtp_cfg.graph,
+            owns_talker_module=mtp_cfg.owns_talker_module,
+            hidden_size_from=mtp_cfg.hidden_size_from,
+            output_key=tuple(mtp_cfg.output_key) if len(mtp_cfg.output_key) == 2 else ("codes", "audio"),  # type: ignore[arg-type]
+            per_row_generators=mtp_cfg.per_row_generators,
+            sampling=tuple(sorted(vars(mtp_cfg.sampling).items())),
+        )
+    else:
+        if pre.decode_batch is DecodeBatch.mtp:
+            add(
+                f"{key}.preprocess.decode_batch",
+                "mtp batching feeds the talker MTP; set mtp.enabled: true or decode_batch: plain",
+            )
+        if mtp_cfg.per_row_generators is not PerRowGenerators.never:
+            add(
+                f"{key}.mtp.per_row_generators",
+                "only an MTP stage takes generators; set mtp.enabled: true or per_row_generators: never",
+            )
+
+    gpu_keys: list[tuple[str, str]] = []
+    for i, raw in enumerate(stage.buffers.gpu_resident):
+        parts = raw.split(".")
+        if len(parts) != 2 or not all(is_identifier(p) for p in parts):
+            add(
+                f"{key}.buffers.gpu_resident[{i}]",
+                f"{raw!r} must be 'type.qualifier' (two identifiers), e.g. codes.audio",
+            )
+            continue
+        gpu_keys.append((parts[0], parts[1]))
+    if len(set(gpu_keys)) != len(gpu_keys):
+        add(f"{key}.buffers.gpu_resident", "lists a key twice; keep each key once")
+
+    outputs = stage.outputs
+    if outputs.request_end_payload and stage.next_stage_input is None:
+        add(
+            f"{key}.outputs.request_end_payload",
+            "defers a payload that this stage never sends (next_stage_input is null); "
+            "set next_stage_input or turn request_end_payload off",
+        )
+    if outputs.request_end_payload and not stage.full_payload:
+        add(
+            f"{key}.outputs.request_end_payload",
+            "defers the full payload but full_payload is false; set full_payload: true",
+        )
+    if outputs.has_finish_decode_step and not outputs.decode_step_metadata:
+        add(
+            f"{key}.outputs.has_finish_decode_step",
+            "is only called around decode-step metadata; set outputs.decode_step_metadata: true or turn it off",
+        )
+    if is_gen and outputs.decode_step_metadata:
+        add(f"{key}.outputs.decode_step_metadata", "a generation stage has no decode steps; turn it off")
+    if is_gen and stage.positions.mrope:
+        add(f"{key}.positions.mrope", "M-RoPE positions belong to an autoregressive stage; turn it off")
+    if stage.final_output is FinalOutput.audio and not outputs.multimodal:
+        add(
+            f"{key}.outputs.multimodal",
+            "a stage that publishes audio returns it as a multimodal output; set outputs.multimodal: true",
+        )
+
+    return StageSpec(
+        name=name,
+        order=stage.order,
+        kind=stage.kind,
+        arch=arch,
+        final_output=stage.final_output,
+        next_stage_input=stage.next_stage_input,
+        full_payload=stage.full_payload,
+        preprocess_hook=pre.hook,
+        batch_preprocess_hook=pre.batch_hook,
+        decode_batch=pre.decode_batch,
+        attach_request_features=pre.attach_request_features,
+        mtp=mtp,
+        gpu_resident_keys=tuple(sorted(gpu_keys)),
+        refresh_every_step=stage.buffers.refresh_every_step,
+        replace_on_marker=stage.buffers.replace_on_marker,
+        multimodal_outputs=outputs.multimodal,
+        decode_step_metadata=outputs.decode_step_metadata,
+        has_finish_decode_step=outputs.has_finish_decode_step,
+        request_end_payload=outputs.request_end_payload,
+        mrope=stage.positions.mrope,
+    )
+
+
+def _check_sampling(sampling: Any, key: str, add: Any) -> None:
+    if sampling.temperature is not None and not sampling.temperature > 0:
+        add(f"{key}.temperature", f"{sampling.temperature} must be > 0 (or null)")
+    if sampling.top_p is not None and not 0 < sampling.top_p <= 1:
+        add(f"{key}.top_p", f"{sampling.top_p} must be in (0, 1] (or null)")
+    if sampling.top_k is not None and sampling.top_k < 0:
+        add(f"{key}.top_k", f"{sampling.top_k} must be >= 0 (0 disables; or null)")

@@ -1,0 +1,574 @@
+"""Tiny, real vLLM models shaped like omni stages, for end-to-end engine tests.
+
+Two architectures, registered out of tree by :func:`omnigen.plugin.register`:
+
+* ``OmnigenTinyTalkerForConditionalGeneration`` (:class:`OmnigenTinyTalker`): an
+  autoregressive talker. Llama trunk (vLLM's own ``LlamaModel``: real paged
+  attention, KV cache, chunked prefill), vLLM logits/sampler on the text hidden
+  states, and the talker hooks of CONTRACT.md sections 2-3: ``preprocess``,
+  ``preprocess_decode_batch`` (5-tuple with MTP, 3-tuple without) and a
+  ``talker_mtp`` code predictor.
+* ``OmnigenTinyCode2Wav`` (:class:`OmnigenTinyCode2Wav`): a generation stage. The
+  prompt is a sequence of codec codes; every forward turns each scheduled code
+  into ``hop_length`` audio samples (``multimodal_outputs["audio"]``, one row per
+  token). Run it with ``max_tokens=1``: the prompt (chunked or not) is the work,
+  the one sampled token is only what lets vLLM's scheduler finish the request.
+
+Which hooks exist and which variant they follow is read from the HF config that
+:func:`write_tiny_config` writes at test time (``omnigen_*`` keys), so one class
+covers every talker flavour. Weights are random (``load_format="dummy"``) and
+there is no tokenizer (``skip_tokenizer_init=True``; prompts are token ids).
+
+Every model keeps an :class:`OmniRecord` at ``model.omni_record``: each forward
+(tokens, positions, phase), each hook call (rows, request ids, spans, prefill
+flags, computed counts), each code-predictor call (batch size, generators,
+codes) and any call to a hook the config disabled. Read it through the engine
+with ``llm.apply_model(lambda m: m.omni_record.snapshot())`` or
+``llm.collective_rpc(lambda w: w.model_runner.model.omni_record.snapshot())``.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from omnigen.runtime.outputs import OmniOutput
+
+TALKER_ARCH = "OmnigenTinyTalkerForConditionalGeneration"
+CODE2WAV_ARCH = "OmnigenTinyCode2Wav"
+TINY_ARCHS: dict[str, str] = {
+    TALKER_ARCH: "omnigen.testing.tiny_omni:OmnigenTinyTalker",
+    CODE2WAV_ARCH: "omnigen.testing.tiny_omni:OmnigenTinyCode2Wav",
+}
+
+# Llama shape that vLLM's CPU attention accepts (head_dim 16 is rejected).
+TINY_SHAPE: dict[str, Any] = dict(
+    vocab_size=512,
+    hidden_size=128,
+    intermediate_size=256,
+    num_hidden_layers=2,
+    num_attention_heads=2,
+    num_key_value_heads=2,
+    head_dim=64,
+    max_position_embeddings=512,
+    rms_norm_eps=1e-6,
+    tie_word_embeddings=False,
+)
+
+# Knob presets, by the stage they imitate (MODELS.md "Per-stage policies").
+VARIANTS: dict[str, dict[str, Any]] = {
+    # qwen3_tts / moss_tts_local: per-row hook, MTP, batched decode (5-tuple hook).
+    "mtp_batched": dict(
+        omnigen_stage="talker",
+        omnigen_preprocess=True,
+        omnigen_mtp=True,
+        omnigen_decode_batch="mtp",
+        omnigen_mtp_per_row_generators=True,
+    ),
+    # qwen3_omni talker: per-row hook, MTP, no batched decode hook.
+    "mtp_per_row": dict(
+        omnigen_stage="talker",
+        omnigen_preprocess=True,
+        omnigen_mtp=True,
+        omnigen_decode_batch="none",
+        omnigen_mtp_per_row_generators=False,
+    ),
+    # higgs_audio_v3 talker: per-row hook, no MTP, batched decode (3-tuple hook).
+    "batched_no_mtp": dict(
+        omnigen_stage="talker",
+        omnigen_preprocess=True,
+        omnigen_mtp=False,
+        omnigen_decode_batch="no_mtp",
+        omnigen_mtp_per_row_generators=False,
+    ),
+    # a code2wav / codec decoder: no talker hooks at all.
+    "code2wav": dict(
+        omnigen_stage="code2wav",
+        omnigen_preprocess=False,
+        omnigen_mtp=False,
+        omnigen_decode_batch="none",
+        omnigen_mtp_per_row_generators=False,
+    ),
+}
+
+KNOB_DEFAULTS: dict[str, Any] = dict(
+    VARIANTS["mtp_batched"],
+    omnigen_num_codebooks=4,
+    omnigen_codebook_size=32,
+    omnigen_hop_length=4,
+)
+
+_DECODE_BATCH_MODES = ("none", "mtp", "no_mtp")
+
+
+@dataclass(frozen=True)
+class TalkerVariant:
+    """The hooks one tiny model exposes, as read from its HF config."""
+
+    stage: str
+    preprocess: bool
+    mtp: bool
+    decode_batch: str  # "none" | "mtp" (5-tuple hook) | "no_mtp" (3-tuple hook)
+    mtp_per_row_generators: bool
+    num_codebooks: int
+    codebook_size: int
+    hop_length: int
+
+    @classmethod
+    def from_config(cls, config: Any) -> TalkerVariant:
+        def knob(name: str) -> Any:
+            return getattr(config, name, KNOB_DEFAULTS[name])
+
+        variant = cls(
+            stage=str(knob("omnigen_stage")),
+            preprocess=bool(knob("omnigen_preprocess")),
+            mtp=bool(knob("omnigen_mtp")),
+            decode_batch=str(knob("omnigen_decode_batch")),
+            mtp_per_row_generators=bool(knob("omnigen_mtp_per_row_generators")),
+            num_codebooks=int(knob("omnigen_num_codebooks")),
+            codebook_size=int(knob("omnigen_codebook_size")),
+            hop_length=int(knob("omnigen_hop_length")),
+        )
+        variant.validate()
+        return variant
+
+    def validate(self) -> None:
+        if self.stage not in ("talker", "code2wav"):
+            raise ValueError(f"omnigen_stage must be 'talker' or 'code2wav', got {self.stage!r}")
+        if self.decode_batch not in _DECODE_BATCH_MODES:
+            raise ValueError(
+                f"omnigen_decode_batch must be one of {_DECODE_BATCH_MODES}, got {self.decode_batch!r}"
+            )
+        if self.decode_batch == "mtp" and not self.mtp:
+            raise ValueError("omnigen_decode_batch='mtp' needs omnigen_mtp=True")
+        if self.decode_batch == "no_mtp" and self.mtp:
+            raise ValueError("omnigen_decode_batch='no_mtp' needs omnigen_mtp=False")
+        if self.mtp_per_row_generators and not self.mtp:
+            raise ValueError("omnigen_mtp_per_row_generators needs omnigen_mtp=True")
+
+
+def write_tiny_config(
+    tmpdir: str | os.PathLike[str],
+    arch: str = TALKER_ARCH,
+    variant: str | None = None,
+    **knobs: Any,
+) -> str:
+    """Write a tiny Llama-shaped HF config for ``arch`` into ``tmpdir``; return the dir.
+
+    ``variant`` picks a preset from :data:`VARIANTS` (default: ``"mtp_batched"`` for
+    the talker, ``"code2wav"`` for the code2wav arch); ``knobs`` override single
+    ``omnigen_*`` keys or the Llama shape (``hidden_size``, ``vocab_size``, ...).
+    Only ``config.json`` is written: load it with ``load_format="dummy"`` and
+    ``skip_tokenizer_init=True``.
+    """
+    from transformers import LlamaConfig
+
+    if arch not in TINY_ARCHS:
+        raise ValueError(f"unknown tiny arch {arch!r}; known: {sorted(TINY_ARCHS)}")
+    if variant is None:
+        variant = "code2wav" if arch == CODE2WAV_ARCH else "mtp_batched"
+    if variant not in VARIANTS:
+        raise ValueError(f"unknown variant {variant!r}; known: {sorted(VARIANTS)}")
+    values: dict[str, Any] = {**TINY_SHAPE, **KNOB_DEFAULTS, **VARIANTS[variant], **knobs}
+    unknown = [k for k in knobs if k not in TINY_SHAPE and k not in KNOB_DEFAULTS]
+    if unknown:
+        raise ValueError(f"unknown knobs {unknown}")
+    # Fail here, not inside the engine, on an inconsistent set of knobs.
+    TalkerVariant.from_config(_Namespace(values))
+
+    path = os.fspath(tmpdir)
+    os.makedirs(path, exist_ok=True)
+    config = LlamaConfig(architectures=[arch], dtype="float32", **values)
+    config.save_pretrained(path)
+    return path
+
+
+class _Namespace:
+    def __init__(self, values: dict[str, Any]) -> None:
+        self.__dict__.update(values)
+
+
+# --------------------------------------------------------------------------- record
+
+
+class OmniRecord:
+    """What a tiny model saw, step by step. Plain Python values only.
+
+    A *step* is one forward of the model; hooks called before a forward belong to
+    that forward's step (hooks run in the runner's ``_preprocess``). Calls made
+    with no forward following them yet stay in ``pending``.
+    """
+
+    def __init__(self) -> None:
+        self.reset()
+
+    def reset(self) -> None:
+        self.step = 0
+        self.forwards: list[dict[str, Any]] = []
+        self.hook_calls: list[dict[str, Any]] = []
+        self.mtp_calls: list[dict[str, Any]] = []
+        self.errors: list[str] = []
+        self.request_ids: list[str] = []
+
+    def _see(self, req_ids: Iterable[Any]) -> None:
+        for rid in req_ids:
+            if rid is not None and rid not in self.request_ids:
+                self.request_ids.append(str(rid))
+
+    def hook(self, name: str, spans: list[int], infos: list[dict[str, Any]]) -> None:
+        req_ids = [info.get("request_id") for info in infos]
+        self._see(req_ids)
+        self.hook_calls.append(
+            {
+                "step": self.step,
+                "hook": name,
+                "rows": len(infos),
+                "req_ids": req_ids,
+                "spans": list(spans),
+                "is_prefill": [_as_bool(i.get("_omni_is_prefill")) for i in infos],
+                "computed": [_as_int(i.get("_omni_num_computed_tokens")) for i in infos],
+                "prompt_len": [_as_int(i.get("_omni_prompt_len")) for i in infos],
+                "hook_calls_seen": [int((i.get("meta") or {}).get("hook_calls", 0)) for i in infos],
+            }
+        )
+
+    def mtp(self, batch: int, generator: Any, generators: Any, sampling: dict[str, Any], codes: torch.Tensor) -> None:
+        self.mtp_calls.append(
+            {
+                "step": self.step,
+                "batch": batch,
+                "generator": generator is not None,
+                "generators": None if generators is None else [g is not None for g in generators],
+                "sampling": dict(sampling),
+                "codes": codes.tolist(),
+            }
+        )
+
+    def forward(self, num_tokens: int, positions: torch.Tensor | None, used_embeds: bool, extra_kwargs: list[str]) -> None:
+        hooks = [c for c in self.hook_calls if c["step"] == self.step]
+        flags = [f for c in hooks for f in c["is_prefill"]]
+        if not hooks:
+            phase = "unhooked"
+        elif all(flags):
+            phase = "prefill"
+        elif not any(flags):
+            phase = "decode"
+        else:
+            phase = "mixed"
+        self.forwards.append(
+            {
+                "step": self.step,
+                "num_tokens": int(num_tokens),
+                "positions": [] if positions is None else positions.reshape(-1)[:num_tokens].tolist(),
+                "used_embeds": used_embeds,
+                "phase": phase,
+                "hook_rows": sum(c["rows"] for c in hooks),
+                "mtp_rows": sum(c["batch"] for c in self.mtp_calls if c["step"] == self.step),
+                "extra_kwargs": sorted(extra_kwargs),
+            }
+        )
+        self.step += 1
+
+    def misuse(self, what: str) -> RuntimeError:
+        msg = f"{what} is disabled by this model's config"
+        self.errors.append(msg)
+        return RuntimeError(msg)
+
+    def snapshot(self) -> dict[str, Any]:
+        return copy.deepcopy(
+            {
+                "steps": self.step,
+                "forwards": self.forwards,
+                "hook_calls": self.hook_calls,
+                "mtp_calls": self.mtp_calls,
+                "errors": self.errors,
+                "request_ids": self.request_ids,
+                "pending_hook_calls": [c for c in self.hook_calls if c["step"] == self.step],
+            }
+        )
+
+
+def _as_bool(value: Any) -> bool | None:
+    return None if value is None else bool(value)
+
+
+def _as_int(value: Any) -> int | None:
+    return None if value is None else int(value)
+
+
+# ---------------------------------------------------------------- code predictor
+
+
+def _sample_rows(
+    logits: torch.Tensor,
+    do_sample: bool | None,
+    temperature: float | None,
+    top_k: int | None,
+    top_p: float | None,
+    generator: torch.Generator | None,
+    generators: list[torch.Generator | None] | None,
+) -> torch.Tensor:
+    """Sample one code per row of ``logits`` (B, V); greedy when ``do_sample`` is false."""
+    if do_sample is False:
+        return logits.argmax(dim=-1)
+    logits = logits.float() / max(float(temperature if temperature is not None else 1.0), 1e-5)
+    if top_k is not None and 0 < int(top_k) < logits.shape[-1]:
+        kth = torch.topk(logits, int(top_k), dim=-1).values[:, -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    probs = torch.softmax(logits, dim=-1)
+    if top_p is not None and 0.0 < float(top_p) < 1.0:
+        sorted_probs, order = probs.sort(dim=-1, descending=True)
+        keep = sorted_probs.cumsum(dim=-1) - sorted_probs < float(top_p)
+        sorted_probs = sorted_probs * keep
+        probs = torch.zeros_like(probs).scatter(-1, order, sorted_probs)
+        probs = probs / probs.sum(dim=-1, keepdim=True)
+    if generators is not None:
+        rows = [
+            torch.multinomial(probs[i : i + 1], 1, generator=generators[i]).view(1)
+            for i in range(probs.shape[0])
+        ]
+        return torch.cat(rows)
+    return torch.multinomial(probs, 1, generator=generator).view(-1)
+
+
+class TinyCodePredictor(nn.Module):
+    """A talker MTP code predictor: one head and one code embedding per codebook.
+
+    ``forward(input_ids, inputs_embeds, last_talker_hidden, text_step, ...)`` returns
+    ``(embeds (B, H), codes (B, num_codebooks))``. With ``generators`` (one per row,
+    None for an unseeded row) each row samples from its own generator, so a seeded
+    request reproduces its codes whatever else shares the batch.
+    """
+
+    def __init__(self, hidden_size: int, num_codebooks: int, codebook_size: int, record: OmniRecord) -> None:
+        super().__init__()
+        self.num_codebooks = num_codebooks
+        self.heads = nn.ModuleList(nn.Linear(hidden_size, codebook_size, bias=False) for _ in range(num_codebooks))
+        self.code_embeds = nn.ModuleList(nn.Embedding(codebook_size, hidden_size) for _ in range(num_codebooks))
+        self._record = record
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        inputs_embeds: torch.Tensor,
+        last_talker_hidden: torch.Tensor,
+        text_step: torch.Tensor,
+        do_sample: bool | None = None,
+        temperature: float | None = None,
+        top_k: int | None = None,
+        top_p: float | None = None,
+        generator: torch.Generator | None = None,
+        generators: list[torch.Generator | None] | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        return self._predict(
+            input_ids, inputs_embeds, last_talker_hidden, text_step,
+            do_sample, temperature, top_k, top_p, generator, generators,
+        )
+
+    def _predict(
+        self,
+        input_ids: torch.Tensor,
+        inputs_embeds: torch.Tensor,
+        last_talker_hidden: torch.Tensor,
+        text_step: torch.Tensor,
+        do_sample: bool | None,
+        temperature: float | None,
+        top_k: int | None,
+        top_p: float | None,
+        generator: torch.Generator | None,
+        generators: list[torch.Generator | None] | None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        batch = int(inputs_embeds.shape[0])
+        for name, t in (("input_ids", input_ids), ("last_talker_hidden", last_talker_hidden), ("text_step", text_step)):
+            if int(t.shape[0]) != batch:
+                raise ValueError(f"talker_mtp: {name} has {t.shape[0]} rows, inputs_embeds has {batch}")
+        if generators is not None:
+            if generator is not None:
+                raise ValueError("talker_mtp: pass generator or generators, not both")
+            if len(generators) != batch:
+                raise ValueError(f"talker_mtp: {len(generators)} generators for {batch} rows")
+        hidden = inputs_embeds + last_talker_hidden + text_step
+        codes = []
+        for head, embed in zip(self.heads, self.code_embeds):
+            code = _sample_rows(head(hidden), do_sample, temperature, top_k, top_p, generator, generators)
+            codes.append(code)
+            hidden = hidden + embed(code)
+        codes_t = torch.stack(codes, dim=-1)
+        self._record.mtp(
+            batch, generator, generators,
+            {"do_sample": do_sample, "temperature": temperature, "top_k": top_k, "top_p": top_p},
+            codes_t,
+        )
+        return hidden, codes_t
+
+
+class TinyCodePredictorSharedGenerator(TinyCodePredictor):
+    """A code predictor that takes one ``generator`` only (no per-row ``generators``)."""
+
+    def forward(  # type: ignore[override]
+        self,
+        input_ids: torch.Tensor,
+        inputs_embeds: torch.Tensor,
+        last_talker_hidden: torch.Tensor,
+        text_step: torch.Tensor,
+        do_sample: bool | None = None,
+        temperature: float | None = None,
+        top_k: int | None = None,
+        top_p: float | None = None,
+        generator: torch.Generator | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        return self._predict(
+            input_ids, inputs_embeds, last_talker_hidden, text_step,
+            do_sample, temperature, top_k, top_p, generator, None,
+        )
+
+
+# ------------------------------------------------------------------------- models
+
+
+class _TinyLlamaStage(nn.Module):
+    """Shared trunk: vLLM's LlamaModel + LM head, and the record."""
+
+    def __init__(self, *, vllm_config: Any, prefix: str = "") -> None:
+        super().__init__()
+        from vllm.model_executor.layers.logits_processor import LogitsProcessor
+        from vllm.model_executor.layers.vocab_parallel_embedding import ParallelLMHead
+        from vllm.model_executor.models.llama import LlamaModel
+        from vllm.model_executor.models.utils import maybe_prefix
+
+        config = vllm_config.model_config.hf_config
+        self.config = config
+        self.variant = TalkerVariant.from_config(config)
+        self.omni_record = OmniRecord()
+        self.model = LlamaModel(vllm_config=vllm_config, prefix=maybe_prefix(prefix, "model"))
+        self.lm_head = ParallelLMHead(
+            config.vocab_size,
+            config.hidden_size,
+            quant_config=vllm_config.quant_config,
+            prefix=maybe_prefix(prefix, "lm_head"),
+        )
+        self.logits_processor = LogitsProcessor(config.vocab_size)
+
+    def embed_input_ids(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return self.model.embed_input_ids(input_ids)
+
+    def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor | None:
+        return self.logits_processor(self.lm_head, hidden_states)
+
+    def _trunk(
+        self,
+        input_ids: torch.Tensor | None,
+        positions: torch.Tensor,
+        intermediate_tensors: Any,
+        inputs_embeds: torch.Tensor | None,
+        extra_kwargs: dict[str, Any],
+    ) -> torch.Tensor:
+        hidden = self.model(input_ids, positions, intermediate_tensors, inputs_embeds)
+        if not isinstance(hidden, torch.Tensor):
+            raise TypeError(f"tiny omni models run on one pipeline rank; trunk gave {type(hidden).__name__}")
+        self.omni_record.forward(
+            num_tokens=hidden.shape[0],
+            positions=positions,
+            used_embeds=inputs_embeds is not None,
+            extra_kwargs=list(extra_kwargs),
+        )
+        return hidden
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
+        from vllm.model_executor.models.utils import AutoWeightsLoader
+
+        return AutoWeightsLoader(self).load_weights(weights)
+
+
+class OmnigenTinyTalker(_TinyLlamaStage):
+    """A talker stage: hooks and code predictor chosen by the config knobs."""
+
+    def __init__(self, *, vllm_config: Any, prefix: str = "") -> None:
+        super().__init__(vllm_config=vllm_config, prefix=prefix)
+        v = self.variant
+        if v.stage != "talker":
+            raise ValueError(f"{type(self).__name__} needs omnigen_stage='talker', got {v.stage!r}")
+        if v.mtp:
+            predictor_cls = TinyCodePredictor if v.mtp_per_row_generators else TinyCodePredictorSharedGenerator
+            self.talker_mtp = predictor_cls(
+                self.config.hidden_size, v.num_codebooks, v.codebook_size, self.omni_record
+            )
+
+    def forward(
+        self,
+        input_ids: torch.Tensor | None,
+        positions: torch.Tensor,
+        intermediate_tensors: Any = None,
+        inputs_embeds: torch.Tensor | None = None,
+        **kwargs: Any,
+    ) -> OmniOutput:
+        hidden = self._trunk(input_ids, positions, intermediate_tensors, inputs_embeds, kwargs)
+        return OmniOutput(text_hidden_states=hidden, multimodal_outputs={"talker_hidden": hidden})
+
+    # -- hooks (CONTRACT.md 3) ------------------------------------------------------
+
+    def _text_step(self, input_ids: torch.Tensor) -> torch.Tensor:
+        # Stand-in for the trailing text embedding a real talker adds per step.
+        return 0.5 * self.embed_input_ids(input_ids)
+
+    def preprocess(
+        self, input_ids: torch.Tensor, input_embeds: torch.Tensor, **req_infos: Any
+    ) -> tuple[torch.Tensor, torch.Tensor, dict[str, Any]]:
+        if not self.variant.preprocess:
+            raise self.omni_record.misuse("preprocess")
+        span = int(input_ids.shape[0])
+        if int(input_embeds.shape[0]) != span:
+            raise ValueError(f"preprocess: {span} ids but {input_embeds.shape[0]} embeddings")
+        self.omni_record.hook("preprocess", [span], [req_infos])
+        seen = int((req_infos.get("meta") or {}).get("hook_calls", 0))
+        update: dict[str, Any] = {"meta": {"hook_calls": seen + 1, "last_span": span}}
+        is_prefill = bool(req_infos.get("_omni_is_prefill", True))
+        if self.variant.mtp and span == 1 and not is_prefill:
+            update["mtp_inputs"] = (input_embeds[-1:].clone(), self._text_step(input_ids[-1:]))
+        return input_ids, input_embeds, update
+
+    def preprocess_decode_batch(self, input_ids: torch.Tensor, req_infos: list[dict[str, Any]]) -> tuple:
+        mode = self.variant.decode_batch
+        if mode == "none":
+            raise self.omni_record.misuse("preprocess_decode_batch")
+        rows = len(req_infos)
+        if int(input_ids.shape[0]) != rows:
+            raise ValueError(f"preprocess_decode_batch: {input_ids.shape[0]} ids for {rows} rows")
+        self.omni_record.hook("preprocess_decode_batch", [1] * rows, req_infos)
+        embeds = self.embed_input_ids(input_ids)
+        updates = [
+            {"meta": {"hook_calls": int((info.get("meta") or {}).get("hook_calls", 0)) + 1, "last_span": 1}}
+            for info in req_infos
+        ]
+        if mode == "mtp":
+            return input_ids, embeds, embeds.clone(), self._text_step(input_ids), updates
+        return input_ids, embeds, updates
+
+
+class OmnigenTinyCode2Wav(_TinyLlamaStage):
+    """A generation stage: each scheduled code becomes ``hop_length`` audio samples."""
+
+    def __init__(self, *, vllm_config: Any, prefix: str = "") -> None:
+        super().__init__(vllm_config=vllm_config, prefix=prefix)
+        if self.variant.stage != "code2wav":
+            raise ValueError(f"{type(self).__name__} needs omnigen_stage='code2wav', got {self.variant.stage!r}")
+        self.vocoder = nn.Linear(self.config.hidden_size, self.variant.hop_length, bias=True)
+
+    def forward(
+        self,
+        input_ids: torch.Tensor | None,
+        positions: torch.Tensor,
+        intermediate_tensors: Any = None,
+        inputs_embeds: torch.Tensor | None = None,
+        **kwargs: Any,
+    ) -> OmniOutput:
+        hidden = self._trunk(input_ids, positions, intermediate_tensors, inputs_embeds, kwargs)
+        # Dummy weights are ~1e-3: scale so the samples are not all ~0.
+        audio = torch.tanh(1e3 * self.vocoder(hidden))
+        return OmniOutput(text_hidden_states=hidden, multimodal_outputs={"audio": audio})

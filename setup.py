@@ -1,0 +1,37 @@
+"""Package layout: conf/, templates/ and generated/ ship inside the ``omnigen`` package.
+
+They live at the top of the checkout (where people edit and review them) and are mapped
+to ``omnigen.conf``, ``omnigen.templates`` and ``omnigen.generated`` in the wheel; the
+generated runners import as ``omnigen.generated.<model>.<stage>`` from either.
+"""
+
+from pathlib import Path
+
+from setuptools import setup
+
+HERE = Path(__file__).resolve().parent
+MAPPED = {"omnigen.conf": "conf", "omnigen.templates": "templates", "omnigen.generated": "generated"}
+
+
+def _subpackages(prefix: str, folder: Path) -> list[str]:
+    found = [prefix]
+    for sub in sorted(p for p in folder.rglob("*") if p.is_dir() and p.name != "__pycache__"):
+        found.append(prefix + "." + ".".join(sub.relative_to(folder).parts))
+    return found
+
+
+packages = _subpackages("omnigen", HERE / "omnigen")
+for prefix, folder in MAPPED.items():
+    packages += _subpackages(prefix, HERE / folder)
+
+setup(
+    packages=packages,
+    package_dir={"omnigen": "omnigen", **MAPPED},
+    package_data={
+        "omnigen": ["ruff.toml"],
+        "omnigen.conf": ["*.yaml", "**/*.yaml"],
+        "omnigen.templates": ["*.j2"],
+        "omnigen.generated": ["**/*.yaml"],
+    },
+    include_package_data=False,
+)
