@@ -46,9 +46,29 @@ def main(argv: Sequence[str] | None = None) -> int:
 # -- build ------------------------------------------------------------------------------------------
 
 
+BUILD_HELP = """omnigen build: generate the runner and worker classes of a model from conf/model/NAME.yaml
+
+usage:
+  omnigen build                               every model into generated/
+  omnigen build model=NAME [key=value ...]    one model into generated/ (or out=DIR)
+  omnigen build -m model=A,B key=x,y out=DIR  a sweep: one folder per cell under DIR
+  omnigen build model=NAME --cfg job          print the composed config, build nothing
+
+models (model=NAME): {models}
+devices (device=NAME): auto, cuda, cpu
+MTP graph presets (graph=NAME): as_configured, eager, full
+
+Any config key can be overridden, e.g. model.stages.talker.mtp.graph=unsafe; the keys, their
+allowed values and what they mean are in omnigen/schema.py (omnigen explain shows the decisions).
+Hydra's own options: omnigen build --hydra-help"""
+
+
 def build_command(args: list[str]) -> int:
     if not args:
         return build_all(paths.generated_dir())
+    if args[0] in ("-h", "--help"):
+        print(BUILD_HELP.format(models=", ".join(paths.model_names())))
+        return 0
     model, overrides = _split_model(args)
     hydra_flags = {"-m", "--multirun", "--cfg", "-c", "--help", "-h", "--hydra-help", "--info", "-i"}
     if model is not None and not hydra_flags.intersection(args) and "," not in model:

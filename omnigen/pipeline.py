@@ -12,7 +12,13 @@ from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 from hydra.errors import HydraException
 from omegaconf import DictConfig, OmegaConf
-from omegaconf.errors import OmegaConfBaseException
+from omegaconf.errors import (
+    ConfigAttributeError,
+    ConfigKeyError,
+    MissingMandatoryValue,
+    OmegaConfBaseException,
+    ValidationError,
+)
 
 from omnigen import paths, render
 from omnigen.plan import ModelPlan, plan_build
@@ -47,18 +53,29 @@ def compose_config(model: str, overrides: Sequence[str] = ()) -> DictConfig:
 
 
 def _explain_compose_error(model: str, overrides: Sequence[str], exc: BaseException) -> str:
-    cause: BaseException = exc
-    while cause.__cause__ is not None and not getattr(cause, "full_key", None):
-        cause = cause.__cause__
-    key = getattr(cause, "full_key", None) or ""
+    cause: BaseException | None = exc
+    while cause is not None and not getattr(cause, "full_key", None):
+        cause = cause.__cause__ or cause.__context__
+    if cause is None:
+        cause = exc
+    key = str(getattr(cause, "full_key", "") or "").removeprefix("model.")
     message = str(cause).strip().splitlines()[0] if str(cause).strip() else type(cause).__name__
-    key = key.removeprefix("model.") if key else key
     origin = model_source(model)
     from_override = [o for o in overrides if key and key in o]
     if from_override:
         origin = f"override {from_override[0]!r} (on {model_source(model)})"
     where = f"{origin}: {key}" if key else origin
-    return f"{where}: {message}; fix the value (see omnigen/schema.py for the allowed keys and values)"
+    return f"{where}: {message}; {_fix_hint(cause)}"
+
+
+def _fix_hint(cause: BaseException) -> str:
+    if isinstance(cause, MissingMandatoryValue):
+        return "set this key (omnigen/schema.py documents it)"
+    if isinstance(cause, ConfigKeyError | ConfigAttributeError):
+        return "no such key here: check the spelling against omnigen/schema.py, or remove it"
+    if isinstance(cause, ValidationError):
+        return "use one of the allowed values (omnigen/schema.py documents each key)"
+    return "fix the config (omnigen/schema.py documents every key)"
 
 
 def model_plan(model: str, overrides: Sequence[str] = ()) -> ModelPlan:

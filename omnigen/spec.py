@@ -10,12 +10,15 @@ identifier or a dotted path of identifiers.
 
 from __future__ import annotations
 
+import dataclasses
 import keyword
 import re
+import typing
 from dataclasses import dataclass
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import MissingMandatoryValue
 
 from omnigen.schema import (
     DecodeBatch,
@@ -131,10 +134,18 @@ def build_spec(cfg: DictConfig) -> BuildSpec:
     model_cfg = cfg.model
     name = str(model_cfg.get("name", "?"))
     findings = _Findings(model_source(name))
+    # Hydra's '+key=value' opens the struct, so unknown keys are looked for here as well.
+    for key in _unknown_keys(OmegaConf.to_container(model_cfg, resolve=False), ModelConf, ""):
+        findings.add(key, "no such key: remove it or fix its spelling (omnigen/schema.py lists the keys)")
+    if findings.items:
+        raise SpecError(findings.items)
     try:
         model: ModelConf = OmegaConf.to_object(model_cfg)  # type: ignore[assignment]
-    except Exception as exc:  # unknown key added with '+', a missing value
-        findings.add(_error_key(exc), f"{_first_line(exc)}; fix the key or its value")
+    except MissingMandatoryValue as exc:
+        findings.add(_error_key(exc), "is required and missing; set it (omnigen/schema.py documents it)")
+        raise SpecError(findings.items) from exc
+    except Exception as exc:  # an unknown key added with '+'
+        findings.add(_error_key(exc), f"{_first_line(exc)}; remove it or fix its spelling (see omnigen/schema.py)")
         raise SpecError(findings.items) from exc
     spec = _model_spec(model, findings)
     device = Device(cfg.device.value if isinstance(cfg.device, Device) else cfg.device)
@@ -146,9 +157,41 @@ def build_spec(cfg: DictConfig) -> BuildSpec:
     return BuildSpec(model=spec, device=device, mtp_graph_preset=preset)
 
 
+def _unknown_keys(node: Any, cls: type, prefix: str) -> list[str]:
+    """Keys of ``node`` (a plain container) that the dataclass ``cls`` does not declare."""
+    if not isinstance(node, dict):
+        return []
+    hints = typing.get_type_hints(cls)
+    found = []
+    for key, value in node.items():
+        path = f"{prefix}{key}"
+        if key not in hints:
+            found.append(path)
+            continue
+        hint = hints[key]
+        if typing.get_origin(hint) is dict:
+            item = _dataclass_in(typing.get_args(hint)[1])
+            if item is not None and isinstance(value, dict):
+                for sub_key, sub_value in value.items():
+                    found += _unknown_keys(sub_value, item, f"{path}.{sub_key}.")
+            continue
+        target = _dataclass_in(hint)
+        if target is not None:
+            found += _unknown_keys(value, target, f"{path}.")
+    return found
+
+
+def _dataclass_in(hint: Any) -> type | None:
+    candidates = [hint, *typing.get_args(hint)]
+    for candidate in candidates:
+        if dataclasses.is_dataclass(candidate) and isinstance(candidate, type):
+            return candidate
+    return None
+
+
 def _error_key(exc: Exception) -> str:
     key = getattr(exc, "full_key", None)
-    return str(key) if key else "model"
+    return str(key).removeprefix("model.") if key else "model"
 
 
 def _first_line(exc: Exception) -> str:

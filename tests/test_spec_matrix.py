@@ -1,0 +1,81 @@
+"""Every plan and every generated class against tests/spec_matrix.yaml (hand-written from MODELS.md).
+
+A config change that silently flips a capability makes a plan, or the class generated from
+it, disagree with the matrix.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+from pathlib import Path
+
+import pytest
+import yaml
+
+from omnigen import paths, pipeline
+
+MATRIX = yaml.safe_load((Path(__file__).parent / "spec_matrix.yaml").read_text())
+CELLS = [(model, stage) for model, stages in MATRIX.items() for stage in stages["_order"]]
+
+
+def test_matrix_covers_exactly_the_configured_models_and_stages():
+    assert sorted(MATRIX) == paths.model_names()
+    for model, entry in MATRIX.items():
+        plan = pipeline.model_plan(model)
+        assert [s.stage for s in plan.stages] == entry["_order"], model
+        assert sorted(k for k in entry if k != "_order") == sorted(entry["_order"]), model
+
+
+@pytest.mark.parametrize(("model", "stage"), CELLS, ids=[f"{m}.{s}" for m, s in CELLS])
+def test_plan_has_the_capabilities_the_matrix_states(model, stage):
+    expected = MATRIX[model][stage]
+    actual = pipeline.model_plan(model).stage(stage).capabilities()
+    assert sorted(actual) == sorted(expected), "capability keys differ"
+    wrong = {key: (actual[key], expected[key]) for key in expected if actual[key] != expected[key]}
+    assert not wrong, f"{model}.{stage}: (plan, matrix) = {wrong}"
+
+
+def _own(cls: type, name: str) -> bool:
+    """Whether the generated class itself (not a base) defines ``name``."""
+    return name in vars(cls)
+
+
+@pytest.mark.parametrize(("model", "stage"), CELLS, ids=[f"{m}.{s}" for m, s in CELLS])
+def test_generated_class_has_exactly_the_matrix_paths(model, stage):
+    caps = MATRIX[model][stage]
+    plan = pipeline.model_plan(model).stage(stage)
+    module = importlib.import_module(plan.module)
+    runner = getattr(module, plan.runner_class)
+    source = inspect.getsource(module)
+
+    assert _own(runner, "_talker_mtp_forward") is caps["talker_mtp"]
+    assert _own(runner, "_init_talker_mtp") is caps["talker_mtp"]
+    assert ("talker_mtp" in source) is caps["talker_mtp"]
+    assert _own(runner, "_preprocess_rows") is caps["preprocess_hook"]
+    assert ("preprocess_decode_batch" in source) is (caps["decode_batch"] != "none")
+    assert ("index_select" in source) is (caps["decode_batch"] == "mtp")
+    assert ("check_contiguous_runs" in source) is (caps["decode_batch"] == "plain")
+    assert _own(runner, "_update_additional_information") is caps["replace_on_marker"]
+    assert ("is_replace_marker" in source) is caps["replace_on_marker"]
+    assert _own(runner, "_attach_request_features") is caps["attach_request_features"]
+    assert _own(runner, "_filter_mrope_kwargs_for_model") is caps["mrope"]
+    assert ("update_decode_step_metadata" in source) is caps["decode_step_metadata"]
+    assert ("restore_flattened_omni_output" in source) is caps["multimodal_outputs"]
+    assert ("self._update_additional_information(scheduler_output)" in source) is caps["refresh_every_step"]
+    assert runner.GPU_RESIDENT_KEYS == frozenset(tuple(k.split(".")) for k in caps["gpu_resident_keys"])
+    if caps["talker_mtp"]:
+        assert runner.MTP_OUTPUT_KEY == tuple(caps["mtp_output_key"])
+        assert bool(runner.MTP_SAMPLING_DEFAULTS) is caps["mtp_sampling_defaults"]
+        assert ("full_graph_wrapper_cls" in source) is (caps["mtp_graph"] == "safe")
+        assert f"self.model_config.{caps['mtp_hidden_size_from']}" in source
+        assert ("_talker_mtp_forward_row_by_row" in source) is (caps["mtp_per_row_generators"] != "always")
+
+    bare = object.__new__(runner)
+    bare.omni_prefix_cache = None
+    assert bare._should_accumulate_full_payload_output() is caps["accumulates_full_payload"]
+    assert bare._should_defer_full_payload_d2h() is caps["defers_full_payload_d2h"]
+    assert _own(runner, "_on_step_payload") is caps["accumulates_full_payload"]
+
+    worker = getattr(module, plan.worker_class)
+    assert worker.runner_class is runner
