@@ -1,9 +1,9 @@
 """``omnigen``: build, check and explain the generated runners.
 
-    omnigen build                          every model of conf/model into generated/
-    omnigen build model=NAME [overrides]   one model (Hydra: overrides, --multirun, --cfg job, --help)
-    omnigen check                          generated/ matches conf/ and templates/ (never writes)
-    omnigen explain model=NAME [overrides] the model's stages and every decision with its reason
+omnigen build                          every model of conf/model into generated/
+omnigen build model=NAME [overrides]   one model (Hydra: overrides, --multirun, --cfg job, --help)
+omnigen check                          generated/ matches conf/ and templates/ (never writes)
+omnigen explain model=NAME [overrides] the model's stages and every decision with its reason
 """
 
 from __future__ import annotations
@@ -102,7 +102,9 @@ def build_model(plan: ModelPlan, overrides: Sequence[str], root: Path, *, includ
     """Render one model and write it under ``root``; remove its stale files and configless models."""
     files = pipeline.model_files(plan, overrides, package_init=include_package_init)
     known = set(paths.model_names())
-    configless = [p.name for p in root.iterdir() if p.is_dir() and p.name not in known] if root.is_dir() else []
+    configless = (
+        [p.name for p in root.iterdir() if p.is_dir() and p.name not in known] if root.is_dir() else []
+    )
     report = render.write_tree(root, files, scope=[plan.name, *configless])
     _print_report(report, root)
 
@@ -129,8 +131,12 @@ def _display(path: Path) -> str:
 
 
 def check_command(args: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="omnigen check", description="Compare generated/ with conf/ and templates/.")
-    parser.add_argument("--root", type=Path, default=None, help="tree to check (default: the package's generated/)")
+    parser = argparse.ArgumentParser(
+        prog="omnigen check", description="Compare generated/ with conf/ and templates/."
+    )
+    parser.add_argument(
+        "--root", type=Path, default=None, help="tree to check (default: the package's generated/)"
+    )
     ns = parser.parse_args(args)
     root = ns.root or paths.generated_dir()
     report = render.check_tree(root, pipeline.all_files())

@@ -90,7 +90,9 @@ def plan_from_config(cfg: DictConfig) -> ModelPlan:
         raise ConfigError(str(exc)) from exc
 
 
-def model_files(plan: ModelPlan, overrides: Sequence[str] = (), *, package_init: bool = False) -> dict[str, str]:
+def model_files(
+    plan: ModelPlan, overrides: Sequence[str] = (), *, package_init: bool = False
+) -> dict[str, str]:
     """Every file of one model, rendered, formatted and gated, keyed by path under generated/.
 
     ``package_init`` adds the tree's root ``__init__.py`` (it lists every configured model).

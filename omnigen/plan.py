@@ -329,7 +329,12 @@ def _plan_stage(model: ModelSpec, stage: StageSpec, build: BuildSpec) -> StagePl
         decide("talker_mtp", False, "mtp.enabled is false: no MTP code", f"{key}.mtp.enabled")
 
     decode_batch = stage.decode_batch.value
-    decide("decode_batch", decode_batch, f"preprocess.decode_batch={decode_batch}", f"{key}.preprocess.decode_batch")
+    decide(
+        "decode_batch",
+        decode_batch,
+        f"preprocess.decode_batch={decode_batch}",
+        f"{key}.preprocess.decode_batch",
+    )
 
     refresh = stage.refresh_every_step
     decide(

@@ -93,7 +93,9 @@ def _summary(plan: StagePlan) -> str:
     if plan.decode_batch != "none":
         features.append(f"batched decode preprocessing ({plan.decode_batch})")
     if plan.mtp:
-        features.append(f"talker MTP (graph {plan.mtp.graph}, per-row generators {plan.mtp.per_row_generators})")
+        features.append(
+            f"talker MTP (graph {plan.mtp.graph}, per-row generators {plan.mtp.per_row_generators})"
+        )
     if plan.replace_on_marker:
         features.append("snapshot replacement on a producer marker")
     if plan.decode_step_metadata:
@@ -136,7 +138,9 @@ def render_stage(plan: StagePlan, overrides: tuple[str, ...] = ()) -> str:
     if plan.device == "auto":
         device_doc = "device=auto: vLLM's CPU worker on a CPU-only platform, its GPU worker otherwise."
     else:
-        device_doc = f"device={plan.device}: built on vLLM's {'CPU' if plan.device == 'cpu' else 'GPU'} worker."
+        device_doc = (
+            f"device={plan.device}: built on vLLM's {'CPU' if plan.device == 'cpu' else 'GPU'} worker."
+        )
     return env.get_template("stage.py.j2").render(
         p=plan,
         header=header(plan.source, plan.model, overrides),
@@ -229,7 +233,9 @@ def finish(files: dict[str, str]) -> dict[str, str]:
             check=False,
         )
         if lint.returncode != 0:
-            raise RenderError(f"generated code fails ruff check (a template bug):\n{lint.stdout}{lint.stderr}")
+            raise RenderError(
+                f"generated code fails ruff check (a template bug):\n{lint.stdout}{lint.stderr}"
+            )
         for rel in py_files:
             text = (root / rel).read_text()
             try:

@@ -311,4 +311,3 @@ def field_docs() -> dict[str, dict[str, str]]:
                     per_field[stmt.target.id] = ""
         docs[node.name] = per_field
     return docs
-

@@ -145,7 +145,9 @@ def build_spec(cfg: DictConfig) -> BuildSpec:
         findings.add(_error_key(exc), "is required and missing; set it (omnigen/schema.py documents it)")
         raise SpecError(findings.items) from exc
     except Exception as exc:  # an unknown key added with '+'
-        findings.add(_error_key(exc), f"{_first_line(exc)}; remove it or fix its spelling (see omnigen/schema.py)")
+        findings.add(
+            _error_key(exc), f"{_first_line(exc)}; remove it or fix its spelling (see omnigen/schema.py)"
+        )
         raise SpecError(findings.items) from exc
     spec = _model_spec(model, findings)
     device = Device(cfg.device.value if isinstance(cfg.device, Device) else cfg.device)
@@ -272,7 +274,9 @@ def _stage_spec(model: ModelConf, name: str, stage: Any, *, is_last: bool, findi
             "attaches features to the preprocess hook's infos; set preprocess.hook: true or turn it off",
         )
     if is_gen and pre.decode_batch is not DecodeBatch.none:
-        add(f"{key}.preprocess.decode_batch", "a generation stage has no decode steps; set decode_batch: none")
+        add(
+            f"{key}.preprocess.decode_batch", "a generation stage has no decode steps; set decode_batch: none"
+        )
 
     mtp_cfg = stage.mtp
     mtp: MTPSpec | None = None

@@ -37,7 +37,12 @@ def test_build_one_model_into_a_named_folder_leaves_no_hydra_output(tmp_path):
 
 def test_multirun_sweep_writes_one_folder_per_cell(tmp_path):
     result = run(
-        "build", "-m", "model=qwen3_tts,fish_speech", "graph=eager,full", f"out={tmp_path / 'sweep'}", cwd=tmp_path
+        "build",
+        "-m",
+        "model=qwen3_tts,fish_speech",
+        "graph=eager,full",
+        f"out={tmp_path / 'sweep'}",
+        cwd=tmp_path,
     )
     assert result.returncode == 0, result.stderr
     cells = sorted(p.name for p in (tmp_path / "sweep").iterdir())
@@ -61,7 +66,9 @@ def test_multirun_without_an_output_folder_is_refused(tmp_path):
 
 
 def test_cfg_job_prints_the_composed_config_and_builds_nothing(tmp_path):
-    result = run("build", "model=qwen3_tts", "model.stages.qwen3_tts.mtp.graph=unsafe", "--cfg", "job", cwd=tmp_path)
+    result = run(
+        "build", "model=qwen3_tts", "model.stages.qwen3_tts.mtp.graph=unsafe", "--cfg", "job", cwd=tmp_path
+    )
     assert result.returncode == 0, result.stderr
     assert "graph: unsafe" in result.stdout
     assert list(tmp_path.iterdir()) == []

@@ -77,7 +77,9 @@ def test_all_findings_are_reported_at_once(conf_with):
 
 
 def test_overrides_are_validated_like_files():
-    with pytest.raises(pipeline.ConfigError, match=r"override 'model.stages.talker.mtp.graph=maybe'.*Invalid value"):
+    with pytest.raises(
+        pipeline.ConfigError, match=r"override 'model.stages.talker.mtp.graph=maybe'.*Invalid value"
+    ):
         pipeline.model_plan("qwen3_omni", ["model.stages.talker.mtp.graph=maybe"])
     with pytest.raises(pipeline.ConfigError, match="stages.talker.mtp.bogus"):
         pipeline.model_plan("qwen3_omni", ["+model.stages.talker.mtp.bogus=1"])

@@ -24,8 +24,7 @@ def all_files() -> dict[str, str]:
 def test_committed_tree_is_current(all_files):
     report = render.check_tree(paths.generated_dir(), all_files)
     assert report.ok, (
-        f"missing={report.missing} stale={list(report.stale)} orphaned={report.orphaned}; "
-        "run: omnigen build"
+        f"missing={report.missing} stale={list(report.stale)} orphaned={report.orphaned}; run: omnigen build"
     )
 
 
@@ -34,7 +33,11 @@ def test_output_is_byte_identical_across_runs_and_environments(all_files, tmp_pa
     env = {**os.environ, "PYTHONHASHSEED": "12345", "LC_ALL": "C", "TZ": "Asia/Tokyo"}
     out = tmp_path / "again"
     subprocess.run(
-        [*OMNIGEN, "build", "model=qwen3_tts", f"out={out}"], cwd=tmp_path, env=env, check=True, capture_output=True
+        [*OMNIGEN, "build", "model=qwen3_tts", f"out={out}"],
+        cwd=tmp_path,
+        env=env,
+        check=True,
+        capture_output=True,
     )
     for rel, text in all_files.items():
         if rel.startswith("qwen3_tts/") or rel == "__init__.py":
@@ -70,7 +73,9 @@ def test_generated_code_passes_the_pinned_ruff(all_files, tmp_path):
     ruff = render._ruff_bin()
     config = ["--config", str(render.RUFF_CONFIG), "--no-cache"]
     subprocess.run([ruff, "check", *config, "."], cwd=tmp_path, check=True, capture_output=True)
-    fmt = subprocess.run([ruff, "format", "--check", *config, "."], cwd=tmp_path, capture_output=True, text=True)
+    fmt = subprocess.run(
+        [ruff, "format", "--check", *config, "."], cwd=tmp_path, capture_output=True, text=True
+    )
     assert fmt.returncode == 0, fmt.stdout
 
 
@@ -149,7 +154,9 @@ def test_check_reports_missing_stale_and_orphaned_and_never_writes(tmp_path):
     subprocess.run([*OMNIGEN, "build", f"out={tree}", "model=qwen3_omni"], check=True, capture_output=True)
     files = pipeline.all_files()
     render.write_tree(tree, files, scope=None)
-    (tree / "qwen3_omni" / "talker.py").write_text((tree / "qwen3_omni" / "talker.py").read_text() + "# edit\n")
+    (tree / "qwen3_omni" / "talker.py").write_text(
+        (tree / "qwen3_omni" / "talker.py").read_text() + "# edit\n"
+    )
     (tree / "qwen3_tts" / "code2wav.py").unlink()
     (tree / "qwen3_tts" / "extra.py").write_text("# stray\n")
     snapshot = {p: p.read_bytes() for p in tree.rglob("*") if p.is_file()}

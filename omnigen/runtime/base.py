@@ -76,7 +76,9 @@ class OmniRunnerBase:
         """A request re-admitted with more streaming input: merge, mark resumable, mirror (4.4)."""
         incoming = getattr(new_req_data, "model_intermediate_buffer", None)
         if not isinstance(incoming, dict) or not incoming:
-            incoming = deserialize_additional_information(getattr(new_req_data, "additional_information", None))
+            incoming = deserialize_additional_information(
+                getattr(new_req_data, "additional_information", None)
+            )
         merged = buffers.merged_for_streaming(self.model_intermediate_buffer.get(req_id), incoming)
         self.model_intermediate_buffer[req_id] = merged
         request = self.requests.get(req_id)
@@ -158,7 +160,9 @@ class OmniRunnerBase:
 
     # -- 5. Stage-to-stage payloads ------------------------------------------------------------
 
-    def accumulate_full_payload_output(self, req_id: str, pooler_output: dict[str, Any], request: Any) -> None:
+    def accumulate_full_payload_output(
+        self, req_id: str, pooler_output: dict[str, Any], request: Any
+    ) -> None:
         """Fold one step's output into what this stage sends when the request ends (5.1)."""
         pending = self._pending_full_payload_send
         pending[req_id] = payloads.accumulate(pending.get(req_id), pooler_output, request)

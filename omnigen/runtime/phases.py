@@ -37,7 +37,9 @@ class RowPhases:
         return len(self.req_ids)
 
 
-def read_row_phases(input_batch: Any, query_start_loc: Any, num_scheduled_tokens: dict[str, int]) -> RowPhases:
+def read_row_phases(
+    input_batch: Any, query_start_loc: Any, num_scheduled_tokens: dict[str, int]
+) -> RowPhases:
     """Read the step's rows from vLLM's input batch and the scheduler's token counts."""
     req_ids = list(input_batch.req_ids)
     n = len(req_ids)
@@ -71,6 +73,7 @@ def runner_keys(phases: RowPhases) -> list[dict[str, Any]]:
             phases.prompt_lens.tolist(),
             phases.computed.tolist(),
             phases.is_prefill.tolist(),
+            strict=True,
         )
     ]
 
@@ -102,17 +105,17 @@ def segments(batchable: np.ndarray) -> list[tuple[int, int, bool]]:
     return out
 
 
-def check_contiguous_runs(
-    phases: RowPhases, runs: list[tuple[int, int, bool]], num_tokens: int
-) -> None:
+def check_contiguous_runs(phases: RowPhases, runs: list[tuple[int, int, bool]], num_tokens: int) -> None:
     """Raise before any hook runs if a non-MTP decode batch's offsets are not contiguous and in bounds (3.5)."""
     for start, end, is_batch in runs:
         if not is_batch:
             continue
         offs = phases.offsets[start:end]
         first = int(offs[0])
-        if first < 0 or first + (end - start) > num_tokens or not np.array_equal(
-            offs, np.arange(first, first + (end - start))
+        if (
+            first < 0
+            or first + (end - start) > num_tokens
+            or not np.array_equal(offs, np.arange(first, first + (end - start)))
         ):
             raise RuntimeError(
                 f"{CONTIGUITY_ERROR}: rows {start}..{end - 1} have offsets {offs.tolist()} "
