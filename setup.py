@@ -15,8 +15,11 @@ MAPPED = {"omnigen.conf": "conf", "omnigen.templates": "templates", "omnigen.gen
 
 def _subpackages(prefix: str, folder: Path) -> list[str]:
     found = [prefix]
-    for sub in sorted(p for p in folder.rglob("*") if p.is_dir() and p.name != "__pycache__"):
-        found.append(prefix + "." + ".".join(sub.relative_to(folder).parts))
+    for sub in sorted(p for p in folder.rglob("*") if p.is_dir()):
+        parts = sub.relative_to(folder).parts
+        if any(part.startswith((".", "__")) for part in parts):
+            continue  # caches (.ruff_cache, __pycache__) are not packages
+        found.append(prefix + "." + ".".join(parts))
     return found
 
 

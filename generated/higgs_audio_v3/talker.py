@@ -103,7 +103,6 @@ class HiggsAudioV3TalkerRunner(OmniRunnerBase, vllm_api.GPUModelRunner):
         if rows.num_rows == 0:
             return
         keys = phases.runner_keys(rows)
-        buffer = self.model_intermediate_buffer
         # preprocess.decode_batch=plain: adjacent single-token decode rows share one hook call,
         # written in place; bad offsets fail before any hook runs (3.5).
         segments = phases.segments(rows.single_decode)
@@ -112,7 +111,7 @@ class HiggsAudioV3TalkerRunner(OmniRunnerBase, vllm_api.GPUModelRunner):
             if not batched:
                 row = first
                 req_id = rows.req_ids[row]
-                infos = buffer.get(req_id, {})
+                infos = self._request_buffer(req_id)
                 infos.update(keys[row])
                 start = int(rows.offsets[row])
                 end = start + int(rows.spans[row])
@@ -126,7 +125,7 @@ class HiggsAudioV3TalkerRunner(OmniRunnerBase, vllm_api.GPUModelRunner):
                     input_ids[start : start + written] = ids_out
                 continue
             req_ids = rows.req_ids[first:last]
-            infos_batch = [buffer.get(req_id, {}) for req_id in req_ids]
+            infos_batch = [self._request_buffer(req_id) for req_id in req_ids]
             previous = phases.stamp_rows(infos_batch, keys[first:last])
             start = int(rows.offsets[first])
             end = start + (last - first)

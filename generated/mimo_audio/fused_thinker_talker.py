@@ -96,10 +96,9 @@ class MimoAudioFusedThinkerTalkerRunner(OmniRunnerBase, vllm_api.GPUModelRunner)
         if rows.num_rows == 0:
             return
         keys = phases.runner_keys(rows)
-        buffer = self.model_intermediate_buffer
         for row in range(rows.num_rows):
             req_id = rows.req_ids[row]
-            infos = buffer.get(req_id, {})
+            infos = self._request_buffer(req_id)
             # preprocess.attach_request_features: the hook sees the request's mm_features (3.8).
             infos = self._attach_request_features(self.requests.get(req_id), infos, req_id)
             infos.update(keys[row])

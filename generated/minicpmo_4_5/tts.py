@@ -98,10 +98,9 @@ class Minicpmo45TtsRunner(OmniRunnerBase, vllm_api.GPUModelRunner):
         if rows.num_rows == 0:
             return
         keys = phases.runner_keys(rows)
-        buffer = self.model_intermediate_buffer
         for row in range(rows.num_rows):
             req_id = rows.req_ids[row]
-            infos = buffer.get(req_id, {})
+            infos = self._request_buffer(req_id)
             infos.update(keys[row])
             start = int(rows.offsets[row])
             end = start + int(rows.spans[row])

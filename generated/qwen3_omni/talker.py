@@ -130,7 +130,6 @@ class Qwen3OmniTalkerRunner(OmniRunnerBase, vllm_api.GPUModelRunner):
         if rows.num_rows == 0:
             return
         keys = phases.runner_keys(rows)
-        buffer = self.model_intermediate_buffer
         mtp_req_ids: list[str] = []
         mtp_offsets: list[int] = []
         mtp_ids: list[torch.Tensor] = []
@@ -139,7 +138,7 @@ class Qwen3OmniTalkerRunner(OmniRunnerBase, vllm_api.GPUModelRunner):
         mtp_text: list[torch.Tensor] = []
         for row in range(rows.num_rows):
             req_id = rows.req_ids[row]
-            infos = buffer.get(req_id, {})
+            infos = self._request_buffer(req_id)
             infos.update(keys[row])
             start = int(rows.offsets[row])
             end = start + int(rows.spans[row])
@@ -187,7 +186,7 @@ class Qwen3OmniTalkerRunner(OmniRunnerBase, vllm_api.GPUModelRunner):
             use_cascade_attn=False,
         )
         # mtp.graph=safe: a wrapped predictor replays the captured batch size; an unwrapped one runs eager.
-        graph_wrapped = isinstance(self.talker_mtp, vllm_api.full_graph_wrapper_cls())
+        graph_wrapped = vllm_api.is_full_graph_wrapped(self.talker_mtp)
         if graph_wrapped:
             padded = batch_descriptor.num_tokens
         else:

@@ -121,13 +121,14 @@ class Qwen3TtsRunner(OmniRunnerBase, vllm_api.GPUModelRunner):
         if rows.num_rows == 0:
             return
         keys = phases.runner_keys(rows)
-        buffer = self.model_intermediate_buffer
         # preprocess.decode_batch=mtp: adjacent single-token decode rows share one hook call
         # that also returns their MTP inputs.
         segments = phases.segments(rows.single_decode)
         # preprocess.batch_hook: one call for the whole step, before the rows.
         self.model.preprocess_batch(
-            req_ids=rows.req_ids, model_intermediate_buffer=buffer, device=input_ids.device
+            req_ids=rows.req_ids,
+            model_intermediate_buffer=self.model_intermediate_buffer,
+            device=input_ids.device,
         )
         mtp_req_ids: list[str] = []
         mtp_offsets: list[int] = []
@@ -139,7 +140,7 @@ class Qwen3TtsRunner(OmniRunnerBase, vllm_api.GPUModelRunner):
             if not batched:
                 row = first
                 req_id = rows.req_ids[row]
-                infos = buffer.get(req_id, {})
+                infos = self._request_buffer(req_id)
                 infos.update(keys[row])
                 start = int(rows.offsets[row])
                 end = start + int(rows.spans[row])
@@ -153,7 +154,7 @@ class Qwen3TtsRunner(OmniRunnerBase, vllm_api.GPUModelRunner):
                     input_ids[start : start + written] = ids_out
                 continue
             req_ids = rows.req_ids[first:last]
-            infos_batch = [buffer.get(req_id, {}) for req_id in req_ids]
+            infos_batch = [self._request_buffer(req_id) for req_id in req_ids]
             previous = phases.stamp_rows(infos_batch, keys[first:last])
             offsets = rows.offsets[first:last].tolist()
             index = torch.tensor(offsets, dtype=torch.long).to(input_ids.device, non_blocking=True)
@@ -200,7 +201,7 @@ class Qwen3TtsRunner(OmniRunnerBase, vllm_api.GPUModelRunner):
             use_cascade_attn=False,
         )
         # mtp.graph=safe: a wrapped predictor replays the captured batch size; an unwrapped one runs eager.
-        graph_wrapped = isinstance(self.talker_mtp, vllm_api.full_graph_wrapper_cls())
+        graph_wrapped = vllm_api.is_full_graph_wrapped(self.talker_mtp)
         if graph_wrapped:
             padded = batch_descriptor.num_tokens
         else:

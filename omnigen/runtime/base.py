@@ -15,7 +15,7 @@ from typing import Any, ClassVar
 import torch
 
 from omnigen.runtime import buffers, payloads
-from omnigen.runtime.outputs import OmniOutput
+from omnigen.runtime.outputs import OmniOutput, restore_flattened_omni_output
 from omnigen.runtime.serialization import deserialize_additional_information
 
 
@@ -49,6 +49,18 @@ class OmniRunnerBase:
             buffer = self.model_intermediate_buffer[req_id] = {}
         buffers.merge_update(buffer, update, self.GPU_RESIDENT_KEYS)
         request.additional_information_cpu = buffer
+
+    def _request_buffer(self, req_id: str) -> dict[str, Any]:
+        """The request's buffer, created (and mirrored) on first use; ``{}`` for an unknown request."""
+        buffer = self.model_intermediate_buffer.get(req_id)
+        if buffer is not None:
+            return buffer
+        request = self.requests.get(req_id)
+        if request is None:
+            return {}
+        buffer = self.model_intermediate_buffer[req_id] = {}
+        request.additional_information_cpu = buffer
+        return buffer
 
     def _replace_intermediate_buffer(self, req_id: str, snapshot: dict[str, Any]) -> None:
         """Make ``snapshot`` the request's buffer (and its mirror)."""
@@ -196,9 +208,35 @@ class OmniRunnerBase:
             self._pending_full_payload_send.pop(req_id, None)
             self._local_stage_payload_cache.pop(req_id, None)
 
-    def _update_states(self, scheduler_output: Any) -> Any:
-        self._release_finished_requests(scheduler_output.finished_req_ids)
-        return super()._update_states(scheduler_output)  # type: ignore[misc]
+    def _on_request_state_removed(self, req_id: str, req_state: Any) -> None:
+        # vLLM's _update_states calls this for each finished request it drops.
+        super()._on_request_state_removed(req_id, req_state)  # type: ignore[misc]
+        self._release_finished_requests((req_id,))
+
+    def _dummy_run(self, *args: Any, **kwargs: Any) -> Any:
+        # vLLM's profile/warm-up/graph-capture runs call self.model(...) directly and index
+        # the result as hidden states; let them see the text hidden states of an OmniOutput.
+        model = self.model
+        self.model = _TextHiddenStates(model)
+        try:
+            return super()._dummy_run(*args, **kwargs)  # type: ignore[misc]
+        finally:
+            self.model = model
+
+
+class _TextHiddenStates:
+    """Stands in for the model during vLLM's dummy runs: every attribute is the model's,
+    and a call returns the text hidden states of an ``OmniOutput``."""
+
+    def __init__(self, model: Any) -> None:
+        object.__setattr__(self, "_model", model)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        output = restore_flattened_omni_output(self._model(*args, **kwargs))
+        return output.text_hidden_states if isinstance(output, OmniOutput) else output
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._model, name)
 
 
 def new_request_payloads(new_req: Any) -> list[dict[str, Any]]:

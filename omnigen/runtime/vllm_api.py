@@ -19,6 +19,7 @@ __all__ = [
     "GPUModelRunner",
     "IntermediateTensors",
     "full_graph_wrapper_cls",
+    "is_full_graph_wrapped",
     "set_forward_context",
 ]
 
@@ -29,6 +30,18 @@ def full_graph_wrapper_cls() -> type:
     from vllm.platforms import current_platform
 
     return resolve_obj_by_qualname(current_platform.get_static_graph_wrapper_cls())
+
+
+def is_full_graph_wrapped(module: object) -> bool:
+    """Whether ``module`` is wrapped in the platform's full-graph wrapper.
+
+    On a platform without a concrete wrapper (vLLM's CPU platform names a typing Protocol,
+    which ``isinstance`` rejects), nothing can be wrapped.
+    """
+    try:
+        return isinstance(module, full_graph_wrapper_cls())
+    except TypeError:
+        return False
 
 
 def is_cpu_platform() -> bool:

@@ -238,7 +238,9 @@ class OmniRecord:
             }
         )
 
-    def mtp(self, batch: int, generator: Any, generators: Any, sampling: dict[str, Any], codes: torch.Tensor) -> None:
+    def mtp(
+        self, batch: int, generator: Any, generators: Any, sampling: dict[str, Any], codes: torch.Tensor
+    ) -> None:
         self.mtp_calls.append(
             {
                 "step": self.step,
@@ -250,7 +252,9 @@ class OmniRecord:
             }
         )
 
-    def forward(self, num_tokens: int, positions: torch.Tensor | None, used_embeds: bool, extra_kwargs: list[str]) -> None:
+    def forward(
+        self, num_tokens: int, positions: torch.Tensor | None, used_embeds: bool, extra_kwargs: list[str]
+    ) -> None:
         hooks = [c for c in self.hook_calls if c["step"] == self.step]
         flags = [f for c in hooks for f in c["is_prefill"]]
         if not hooks:
@@ -349,8 +353,12 @@ class TinyCodePredictor(nn.Module):
     def __init__(self, hidden_size: int, num_codebooks: int, codebook_size: int, record: OmniRecord) -> None:
         super().__init__()
         self.num_codebooks = num_codebooks
-        self.heads = nn.ModuleList(nn.Linear(hidden_size, codebook_size, bias=False) for _ in range(num_codebooks))
-        self.code_embeds = nn.ModuleList(nn.Embedding(codebook_size, hidden_size) for _ in range(num_codebooks))
+        self.heads = nn.ModuleList(
+            nn.Linear(hidden_size, codebook_size, bias=False) for _ in range(num_codebooks)
+        )
+        self.code_embeds = nn.ModuleList(
+            nn.Embedding(codebook_size, hidden_size) for _ in range(num_codebooks)
+        )
         self._record = record
 
     def forward(
@@ -367,8 +375,16 @@ class TinyCodePredictor(nn.Module):
         generators: list[torch.Generator | None] | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         return self._predict(
-            input_ids, inputs_embeds, last_talker_hidden, text_step,
-            do_sample, temperature, top_k, top_p, generator, generators,
+            input_ids,
+            inputs_embeds,
+            last_talker_hidden,
+            text_step,
+            do_sample,
+            temperature,
+            top_k,
+            top_p,
+            generator,
+            generators,
         )
 
     def _predict(
@@ -385,7 +401,11 @@ class TinyCodePredictor(nn.Module):
         generators: list[torch.Generator | None] | None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         batch = int(inputs_embeds.shape[0])
-        for name, t in (("input_ids", input_ids), ("last_talker_hidden", last_talker_hidden), ("text_step", text_step)):
+        for name, t in (
+            ("input_ids", input_ids),
+            ("last_talker_hidden", last_talker_hidden),
+            ("text_step", text_step),
+        ):
             if int(t.shape[0]) != batch:
                 raise ValueError(f"talker_mtp: {name} has {t.shape[0]} rows, inputs_embeds has {batch}")
         if generators is not None:
@@ -395,13 +415,15 @@ class TinyCodePredictor(nn.Module):
                 raise ValueError(f"talker_mtp: {len(generators)} generators for {batch} rows")
         hidden = inputs_embeds + last_talker_hidden + text_step
         codes = []
-        for head, embed in zip(self.heads, self.code_embeds):
+        for head, embed in zip(self.heads, self.code_embeds, strict=True):
             code = _sample_rows(head(hidden), do_sample, temperature, top_k, top_p, generator, generators)
             codes.append(code)
             hidden = hidden + embed(code)
         codes_t = torch.stack(codes, dim=-1)
         self._record.mtp(
-            batch, generator, generators,
+            batch,
+            generator,
+            generators,
             {"do_sample": do_sample, "temperature": temperature, "top_k": top_k, "top_p": top_p},
             codes_t,
         )
@@ -424,8 +446,16 @@ class TinyCodePredictorSharedGenerator(TinyCodePredictor):
         generator: torch.Generator | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         return self._predict(
-            input_ids, inputs_embeds, last_talker_hidden, text_step,
-            do_sample, temperature, top_k, top_p, generator, None,
+            input_ids,
+            inputs_embeds,
+            last_talker_hidden,
+            text_step,
+            do_sample,
+            temperature,
+            top_k,
+            top_p,
+            generator,
+            None,
         )
 
 
@@ -495,7 +525,9 @@ class OmnigenTinyTalker(_TinyLlamaStage):
         if v.stage != "talker":
             raise ValueError(f"{type(self).__name__} needs omnigen_stage='talker', got {v.stage!r}")
         if v.mtp:
-            predictor_cls = TinyCodePredictor if v.mtp_per_row_generators else TinyCodePredictorSharedGenerator
+            predictor_cls = (
+                TinyCodePredictor if v.mtp_per_row_generators else TinyCodePredictorSharedGenerator
+            )
             self.talker_mtp = predictor_cls(
                 self.config.hidden_size, v.num_codebooks, v.codebook_size, self.omni_record
             )
@@ -557,7 +589,9 @@ class OmnigenTinyCode2Wav(_TinyLlamaStage):
     def __init__(self, *, vllm_config: Any, prefix: str = "") -> None:
         super().__init__(vllm_config=vllm_config, prefix=prefix)
         if self.variant.stage != "code2wav":
-            raise ValueError(f"{type(self).__name__} needs omnigen_stage='code2wav', got {self.variant.stage!r}")
+            raise ValueError(
+                f"{type(self).__name__} needs omnigen_stage='code2wav', got {self.variant.stage!r}"
+            )
         self.vocoder = nn.Linear(self.config.hidden_size, self.variant.hop_length, bias=True)
 
     def forward(

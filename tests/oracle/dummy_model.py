@@ -66,6 +66,8 @@ class ModelFlags:
       mtp_accepts_req_infos        -> talker_mtp_accepts_req_infos = True
       gpu_resident_keys            -> gpu_resident_buffer_keys (set when non-empty)
       decode_batching none|mtp|plain -> preprocess_decode_batch = 5-tuple / 3-tuple hook
+      batch_hook                   -> preprocess_batch (one call per step before the rows; the
+                                      oracle probes it, line 1602; qwen3_tts has one)
       replace_snapshots            -> replace_runtime_additional_information = True
       multimodal_outputs           -> have_multimodal_outputs = True
       decode_step_metadata         -> supports_omni_decode_step_metadata = True plus the
@@ -89,6 +91,7 @@ class ModelFlags:
     mtp_accepts_req_infos: bool = False
     gpu_resident_keys: frozenset = frozenset()
     decode_batching: str = "none"
+    batch_hook: bool = False
     replace_snapshots: bool = False
     multimodal_outputs: bool = True
     decode_step_metadata: bool = False
@@ -207,6 +210,8 @@ class DummyTalkerModel:
             self.preprocess_decode_batch = self._preprocess_decode_batch_mtp
         elif f.decode_batching == "plain":
             self.preprocess_decode_batch = self._preprocess_decode_batch_plain
+        if f.batch_hook:
+            self.preprocess_batch = self._preprocess_batch
         if f.replace_snapshots:
             self.replace_runtime_additional_information = True
         if f.multimodal_outputs:
@@ -300,7 +305,13 @@ class DummyTalkerModel:
 
     def _info_log(self, infos: dict) -> dict:
         rid, prompt_len, computed, is_prefill = self._phase(infos)
-        return {"req_id": rid, "phase": (prompt_len, computed, is_prefill), "keys": sorted(infos)}
+        mm = infos.get("mm_features")
+        return {
+            "req_id": rid,
+            "phase": (prompt_len, computed, is_prefill),
+            "keys": sorted(infos),
+            "mm_features": list(mm) if isinstance(mm, (list, tuple)) else mm,
+        }
 
     # ---------------------------------------------------------------- hooks
     def preprocess(self, input_ids: torch.Tensor, input_embeds: torch.Tensor | None, **req_infos: Any):
@@ -319,10 +330,22 @@ class DummyTalkerModel:
             req_ids=[info["req_id"]],
             phases=[info["phase"]],
             keys=[info["keys"]],
+            mm_features=[info["mm_features"]],
             ids=input_ids.reshape(-1).tolist(),
             embeds_given=None if input_embeds is None else tuple(input_embeds.shape),
         )
         return ids_out, emb.to(torch.float32), update
+
+    def _preprocess_batch(self, req_ids: list[str], model_intermediate_buffer: dict, device=None) -> None:
+        """Whole-step hook: counts its calls in each existing buffer's meta (so timing shows)."""
+        touched = []
+        for rid in req_ids:
+            buf = model_intermediate_buffer.get(rid)
+            if isinstance(buf, dict):
+                meta = buf.setdefault("meta", {})
+                meta["batch_hook_calls"] = int(meta.get("batch_hook_calls", 0) or 0) + 1
+                touched.append(rid)
+        self._log("preprocess_batch", rows=len(req_ids), req_ids=list(req_ids), touched=touched)
 
     def _decode_rows(self, input_ids: torch.Tensor, req_infos: list[dict]):
         ids = input_ids.reshape(-1)
@@ -343,6 +366,7 @@ class DummyTalkerModel:
             req_ids=[i["req_id"] for i in infos_log],
             phases=[i["phase"] for i in infos_log],
             keys=[i["keys"] for i in infos_log],
+            mm_features=[i["mm_features"] for i in infos_log],
             ids=ids.tolist(),
             embeds_given=None,
         )
@@ -366,7 +390,9 @@ class DummyTalkerModel:
         return _int_features(ids, 5)
 
     # -------------------------------------------------------------- forward
-    def __call__(self, input_ids=None, positions=None, intermediate_tensors=None, inputs_embeds=None, **kwargs):
+    def __call__(
+        self, input_ids=None, positions=None, intermediate_tensors=None, inputs_embeds=None, **kwargs
+    ):
         if inputs_embeds is not None:
             hidden = inputs_embeds.to(torch.float32) + 0.0
         else:
@@ -394,7 +420,9 @@ class DummyTalkerModel:
         self.last_forward_output = out
         return out
 
-    def _update_decode_step_metadata(self, input_ids=None, positions=None, inputs_embeds=None, req_ids=None, **kw):
+    def _update_decode_step_metadata(
+        self, input_ids=None, positions=None, inputs_embeds=None, req_ids=None, **kw
+    ):
         self._log("update_decode_step_metadata", rows=len(req_ids or ()), req_ids=list(req_ids or ()))
 
     def _finish_decode_step_forward(self) -> None:

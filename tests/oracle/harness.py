@@ -16,17 +16,24 @@ methods runs.
 
 Plugging in another runner class::
 
-    from tests.oracle.harness import Policy, Scenario, run_scenario, compare_runs, ORACLE_VS_CONTRACT
+    from .harness import ORACLE_VS_CONTRACT, Scenario, ScenarioConfig, compare_runs, oracle_runner_class, run_scenario
+    from .policy_map import policy_from_plan
+
+    cls = omnigen.api.runner_class("qwen3_tts", "qwen3_tts")
+    policy = policy_from_plan(omnigen.api.stage_plan("qwen3_tts", "qwen3_tts"), cudagraph="full")
     scenario = Scenario.generate(ScenarioConfig(seed=3))
     oracle = run_scenario(oracle_runner_class(), policy, scenario)
-    ours = run_scenario(runner_class("qwen3_tts", "qwen3_tts"), policy, scenario,
-                        omni_output_cls=omnigen.runtime.outputs.OmniOutput,
-                        extra_patch_modules=(generated_module,))
+    ours = run_scenario(cls, policy, scenario,
+                        extra_patch_modules=(sys.modules[cls.__module__], omnigen.runtime.vllm_api))
     compare_runs(oracle, ours, ORACLE_VS_CONTRACT)
 
-``policy`` says what the oracle must be told at run time (model flags plus runner
-config); a generated class has the same policy baked in, and simply ignores the
-model flags.
+``run_scenario(cls, policy, scenario, *, model=None, model_seed=0, omni_output_cls=None,
+extra_patch_modules=(), steps=None, info=None) -> list[Observation]`` works for any class
+keeping the contract's method names. ``policy`` says what the oracle must be told at run
+time (dummy-model flags plus runner config); a generated class has the same policy baked
+in and simply ignores the model flags. ``extra_patch_modules`` are the modules of the
+runner under test that bound ``get_pp_group`` / ``set_forward_context`` /
+``CUDAGraphWrapper`` at import time.
 """
 
 from __future__ import annotations
@@ -147,6 +154,7 @@ class RequestSpec:
     seed_kind: str  # "tts_local_seed" | "seed" | "both" | "none"
     tts_seed: int | None
     plain_seed: int | None
+    mm_features: tuple[str, ...] = ()  # stand-ins, used only with Policy.flags.multimodal_inputs
 
     @property
     def prompt_len(self) -> int:
@@ -196,7 +204,8 @@ class Step:
     finished_req_ids: set[str]
     num_input_tokens: int
     order_mode: str
-    new_payloads: dict[str, dict[str, dict]]  # rid -> {"model_intermediate_buffer"|"additional_information": payload}
+    # rid -> {"model_intermediate_buffer" | "additional_information": payload}
+    new_payloads: dict[str, dict[str, dict]]
     cached_payloads: dict[str, dict | None] | None  # None: the attribute is not attached at all
     local_payloads: dict[str, dict]
     pending_broadcast: set[str]
@@ -207,7 +216,9 @@ class Step:
         return sum(r.span for r in self.rows)
 
     def describe(self) -> str:
-        parts = [f"step {self.index} order={self.order_mode} T={self.total_tokens} padded={self.num_input_tokens}"]
+        parts = [
+            f"step {self.index} order={self.order_mode} T={self.total_tokens} padded={self.num_input_tokens}"
+        ]
         parts.append("rows=[" + ", ".join(r.short() for r in self.rows) + "]")
         if self.new_req_ids:
             parts.append(f"new={self.new_req_ids}")
@@ -220,7 +231,9 @@ class Step:
         if self.cached_payloads is not None:
             parts.append(f"cached_payloads={sorted(self.cached_payloads)}")
         if self.local_payloads:
-            parts.append(f"local_payloads={sorted(self.local_payloads)} pending={sorted(self.pending_broadcast)}")
+            parts.append(
+                f"local_payloads={sorted(self.local_payloads)} pending={sorted(self.pending_broadcast)}"
+            )
         return " ".join(parts)
 
 
@@ -264,6 +277,7 @@ class Scenario:
                 seed_kind=kind,
                 tts_seed=tts_seed,
                 plain_seed=plain_seed,
+                mm_features=tuple(f"mm:{rid}:{i}" for i in range(rng.choice([0, 0, 1, 2]))),
             )
             return rid
 
@@ -396,7 +410,9 @@ class Scenario:
                             None if rng.random() < 0.15 else _make_payload(rng, index, config.replace_marker)
                         )
                     if finished and rng.random() < 0.3:
-                        cached_payloads[sorted(finished)[0]] = _make_payload(rng, index, config.replace_marker)
+                        cached_payloads[sorted(finished)[0]] = _make_payload(
+                            rng, index, config.replace_marker
+                        )
                 elif rng.random() < 0.05:
                     cached_payloads = {}
             if config.local_payloads and rng.random() < 0.12:
@@ -430,13 +446,17 @@ class Scenario:
                 c = row.computed + row.span
                 computed[row.req_id] = c
                 if c >= spec.prompt_len:
-                    generated[row.req_id] = max(generated[row.req_id], min(spec.max_tokens, c - spec.prompt_len + 1))
+                    generated[row.req_id] = max(
+                        generated[row.req_id], min(spec.max_tokens, c - spec.prompt_len + 1)
+                    )
                 if c >= spec.end:
                     done.add(row.req_id)
         return cls(config, requests, steps)
 
     # --------------------------------------------------------- vLLM objects
-    def scheduler_output(self, step: Step, sampling_params: dict[str, SamplingParams]) -> SchedulerOutput:
+    def scheduler_output(
+        self, step: Step, sampling_params: dict[str, SamplingParams], with_mm_features: bool = False
+    ) -> SchedulerOutput:
         """Fresh real vLLM scheduler objects for ``step`` (payloads deep-copied each call)."""
         new_reqs = []
         cached_ids, cached_computed, cached_out = [], [], []
@@ -446,7 +466,7 @@ class Scenario:
                 data = NewRequestData(
                     req_id=row.req_id,
                     prompt_token_ids=list(spec.prompt),
-                    mm_features=[],
+                    mm_features=list(spec.mm_features) if with_mm_features else [],
                     sampling_params=sampling_params[row.req_id],
                     pooling_params=None,
                     block_ids=([],),
@@ -558,7 +578,9 @@ _FORWARD_STACK: list[tuple[str, int | None]] = []
 
 
 @contextlib.contextmanager
-def _fake_set_forward_context(attn_metadata: Any, vllm_config: Any, *args: Any, **kwargs: Any) -> Iterator[None]:
+def _fake_set_forward_context(
+    attn_metadata: Any, vllm_config: Any, *args: Any, **kwargs: Any
+) -> Iterator[None]:
     mode = kwargs.get("cudagraph_runtime_mode")
     desc = kwargs.get("batch_descriptor")
     entry = (getattr(mode, "name", str(mode)), getattr(desc, "num_tokens", None))
@@ -575,6 +597,12 @@ def _fake_get_graph_wrapper_cls() -> type:
     return FakeGraphWrapper
 
 
+def _fake_get_static_graph_wrapper_cls() -> str:
+    """vLLM's platform hook answers with a qualified name; ours resolves to FakeGraphWrapper."""
+    _RECORDER.wrapper_lookups += 1
+    return f"{FakeGraphWrapper.__module__}.{FakeGraphWrapper.__qualname__}"
+
+
 # The complete list of what the harness patches, for the report and for review:
 #   <module>.get_pp_group            -> fake_get_pp_group (first and last PP rank), in
 #                                       vllm.v1.worker.gpu_model_runner, the oracle module (when
@@ -584,6 +612,9 @@ def _fake_get_graph_wrapper_cls() -> type:
 #                                       extra_patch_modules -> _fake_set_forward_context
 #   current_omni_platform.set_forward_context -> _fake_set_forward_context (instance attribute)
 #   current_omni_platform.get_graph_wrapper_cls -> returns FakeGraphWrapper (instance attribute)
+#   vllm.platforms.current_platform.get_static_graph_wrapper_cls -> the qualified name of
+#                                       FakeGraphWrapper (instance attribute; on CPU vLLM answers
+#                                       AbstractStaticGraphWrapper, a Protocol isinstance() rejects)
 #   any `CUDAGraphWrapper` name in extra_patch_modules -> FakeGraphWrapper
 @contextlib.contextmanager
 def harness_patches(extra_patch_modules: Sequence[types.ModuleType] = ()) -> Iterator[None]:
@@ -618,6 +649,9 @@ def harness_patches(extra_patch_modules: Sequence[types.ModuleType] = ()) -> Ite
                 patch(mod, "set_forward_context", _fake_set_forward_context)
             if hasattr(mod, "CUDAGraphWrapper"):
                 patch(mod, "CUDAGraphWrapper", FakeGraphWrapper)
+        from vllm.platforms import current_platform
+
+        patch(current_platform, "get_static_graph_wrapper_cls", _fake_get_static_graph_wrapper_cls)
         if current_omni_platform is not None:
             patch(current_omni_platform, "set_forward_context", _fake_set_forward_context)
             patch(current_omni_platform, "get_graph_wrapper_cls", _fake_get_graph_wrapper_cls)
@@ -673,9 +707,20 @@ RUNNER_ATTRIBUTES = (
     "_determine_batch_execution_and_padding",
 )  # fmt: skip
 # Only with Policy.flags.multimodal_inputs (vLLM's multimodal path):
-MM_ATTRIBUTES = ("maybe_get_ec_connector_output", "_execute_mm_encoder", "_gather_mm_embeddings", "_extract_mm_kwargs")
+MM_ATTRIBUTES = (
+    "maybe_get_ec_connector_output",
+    "_execute_mm_encoder",
+    "_gather_mm_embeddings",
+    "_extract_mm_kwargs",
+)
 # Set by _init_talker_mtp (called by build_runner when the model has a predictor):
-MTP_ATTRIBUTES = ("talker_mtp", "talker_mtp_input_ids", "talker_mtp_inputs_embeds", "last_talker_hidden", "text_step")
+MTP_ATTRIBUTES = (
+    "talker_mtp",
+    "talker_mtp_input_ids",
+    "talker_mtp_inputs_embeds",
+    "last_talker_hidden",
+    "text_step",
+)
 
 
 def _padding_stub(policy: Policy):
@@ -691,7 +736,13 @@ def _padding_stub(policy: Policy):
         )
         if full:
             padded = next((s for s in CAPTURE_SIZES if s >= num_tokens), num_tokens)
-            return CUDAGraphMode.FULL, BatchDescriptor(num_tokens=padded, num_reqs=padded, uniform=True), False, None, None
+            return (
+                CUDAGraphMode.FULL,
+                BatchDescriptor(num_tokens=padded, num_reqs=padded, uniform=True),
+                False,
+                None,
+                None,
+            )
         return CUDAGraphMode.NONE, BatchDescriptor(num_tokens=num_tokens), False, None, None
 
     return _determine_batch_execution_and_padding
@@ -725,11 +776,18 @@ def build_runner(
     """
     runner = object.__new__(cls)
     hf_text_config = SimpleNamespace(hidden_size=HIDDEN)
+    # Every hidden-size path a stage may name for its MTP buffers resolves to HIDDEN.
+    hf_config = SimpleNamespace(
+        hidden_size=HIDDEN,
+        text_config=SimpleNamespace(hidden_size=HIDDEN),
+        talker_config=SimpleNamespace(hidden_size=HIDDEN),
+    )
     model_config = SimpleNamespace(
         is_encoder_decoder=False,
         async_chunk=policy.async_chunk,
         subtalker_sampling_params=copy.deepcopy(policy.subtalker_sampling_params),
         hf_text_config=hf_text_config,
+        hf_config=hf_config,
         has_sampling_extra_args=False,
         uses_mrope=False,
     )
@@ -757,7 +815,9 @@ def build_runner(
     runner.encoder_cache = {}
     runner.input_batch = FakeInputBatch(MAX_NUM_REQS)
     runner.requests = {}
-    runner.query_start_loc = CpuGpuBuffer(MAX_NUM_REQS + 1, dtype=torch.int32, device=runner.device, pin_memory=False)
+    runner.query_start_loc = CpuGpuBuffer(
+        MAX_NUM_REQS + 1, dtype=torch.int32, device=runner.device, pin_memory=False
+    )
     runner.input_ids = CpuGpuBuffer(MAX_NUM_TOKENS, dtype=torch.int32, device=runner.device, pin_memory=False)
     runner.inputs_embeds = CpuGpuBuffer(
         MAX_NUM_TOKENS, HIDDEN, dtype=torch.float32, device=runner.device, pin_memory=False, with_numpy=False
@@ -774,13 +834,16 @@ def build_runner(
     runner.omni_prefix_cache = None
     runner._determine_batch_execution_and_padding = _padding_stub(policy)
     if model.flags.multimodal_inputs:
-        runner.maybe_get_ec_connector_output = lambda scheduler_output, encoder_cache=None, **kw: contextlib.nullcontext()
+        runner.maybe_get_ec_connector_output = lambda scheduler_output, encoder_cache=None, **kw: (
+            contextlib.nullcontext()
+        )
         runner._execute_mm_encoder = lambda scheduler_output, *a, **kw: None
         runner._gather_mm_embeddings = lambda scheduler_output, *a, **kw: ([], None)
         runner._extract_mm_kwargs = lambda scheduler_output, *a, **kw: {}
     # Deterministic initial contents of the persistent buffers (stale data is realistic).
     runner.inputs_embeds.gpu.copy_(
-        (torch.arange(MAX_NUM_TOKENS * HIDDEN, dtype=torch.float32).reshape(MAX_NUM_TOKENS, HIDDEN) % 13) / 16.0
+        (torch.arange(MAX_NUM_TOKENS * HIDDEN, dtype=torch.float32).reshape(MAX_NUM_TOKENS, HIDDEN) % 13)
+        / 16.0
     )
     model.omni_output_cls = omni_output_cls or default_omni_output_cls(cls)
     model.forward_context_stack = _FORWARD_STACK
@@ -791,7 +854,9 @@ def build_runner(
             if info is not None:
                 info["init_wrapper_lookups"] = _RECORDER.wrapper_lookups
                 info["mtp_wrapped"] = isinstance(runner.talker_mtp, FakeGraphWrapper)
-                info["mtp_runtime_mode"] = getattr(getattr(runner.talker_mtp, "runtime_mode", None), "name", None)
+                info["mtp_runtime_mode"] = getattr(
+                    getattr(runner.talker_mtp, "runtime_mode", None), "name", None
+                )
     return runner
 
 
@@ -835,8 +900,8 @@ def snapshot(value: Any) -> Any:
         return [snapshot(v) for v in value]
     if isinstance(value, tuple):
         return tuple(snapshot(v) for v in value)
-    if isinstance(value, (str, int, float, bool, type(None))):
-        return value
+    if isinstance(value, (str, int, float, bool, type(None), np.generic)):
+        return value  # immutable; the type is kept so compare can tell int from np.int32
     return f"<{type(value).__name__}>"
 
 
@@ -864,7 +929,7 @@ def _apply_step(runner: Any, state: RunState, step: Step) -> SchedulerOutput:
         runner.requests[rid] = CachedRequestState(
             req_id=rid,
             prompt_token_ids=list(spec.prompt),
-            mm_features=[],
+            mm_features=list(spec.mm_features) if state.policy.flags.multimodal_inputs else [],
             sampling_params=sp,
             generator=None,
             block_ids=([],),
@@ -901,7 +966,7 @@ def _apply_step(runner: Any, state: RunState, step: Step) -> SchedulerOutput:
     for rid, payload in step.local_payloads.items():
         cache[rid] = copy.deepcopy(payload)
     runner._full_payload_pending_broadcast_req_ids = set(step.pending_broadcast)
-    return scenario.scheduler_output(step, state.sampling_params)
+    return scenario.scheduler_output(step, state.sampling_params, state.policy.flags.multimodal_inputs)
 
 
 def _out_key(policy: Policy) -> tuple[str, str]:
@@ -949,7 +1014,9 @@ def run_step(runner: Any, state: RunState, step: Step) -> Observation:
         ids, embeds, positions, _inter, kwargs, _ec = result
         model_kwargs = sorted(kwargs)
         ids_persistent = None if ids is None else ids.data_ptr() == runner.input_ids.gpu.data_ptr()
-        embeds_persistent = None if embeds is None else embeds.data_ptr() == runner.inputs_embeds.gpu.data_ptr()
+        embeds_persistent = (
+            None if embeds is None else embeds.data_ptr() == runner.inputs_embeds.gpu.data_ptr()
+        )
         if policy.forward:
             forward = _run_forward(runner, model, step, ids, positions, embeds, kwargs)
         ids, embeds, positions = snapshot(ids), snapshot(embeds), snapshot(positions)
@@ -964,7 +1031,9 @@ def run_step(runner: Any, state: RunState, step: Step) -> Observation:
     for rid, req in runner.requests.items():
         buf = runner.model_intermediate_buffer.get(rid)
         mirrored = getattr(req, "additional_information_cpu", None)
-        mirror[rid] = "absent" if buf is None and mirrored is None else ("same" if mirrored is buf else "other")
+        mirror[rid] = (
+            "absent" if buf is None and mirrored is None else ("same" if mirrored is buf else "other")
+        )
     mtp_buffers = None
     if getattr(runner, "has_talker_mtp", False):
         mtp_buffers = {name: snapshot(getattr(runner, name).gpu) for name in MTP_ATTRIBUTES[1:]}
@@ -1032,7 +1101,12 @@ def run_scenario(
     model = model if model is not None else make_model(policy.flags, seed=model_seed)
     with harness_patches(extra_patch_modules):
         runner = build_runner(
-            cls, model, policy, omni_output_cls=omni_output_cls, extra_patch_modules=extra_patch_modules, info=info
+            cls,
+            model,
+            policy,
+            omni_output_cls=omni_output_cls,
+            extra_patch_modules=extra_patch_modules,
+            info=info,
         )
         state = RunState(scenario, policy)
         todo = scenario.steps if steps is None else scenario.steps[:steps]
@@ -1048,13 +1122,15 @@ def run_scenario(
 class KeyMapping:
     """What ``compare`` drops before comparing, and why (keep this explicit).
 
-    buffer_drop:   top-level keys removed from every request's buffer on both sides.
-    info_drop:     request-info key names removed from the hook call log's ``keys`` lists.
-    fields_skip:   Observation fields not compared at all.
+    buffer_drop:          top-level keys removed from every request's buffer on both sides.
+    info_drop:            request-info key names removed from the hook call log's ``keys`` lists.
+    forward_kwargs_drop:  kwarg names removed from the ``forward`` call log's ``kwargs`` list.
+    fields_skip:          Observation fields not compared at all.
     """
 
     buffer_drop: frozenset[str] = frozenset()
     info_drop: frozenset[str] = frozenset()
+    forward_kwargs_drop: frozenset[str] = frozenset()
     fields_skip: frozenset[str] = frozenset()
     doc: str = ""
 
@@ -1065,19 +1141,27 @@ IDENTITY = KeyMapping(doc="compare everything (oracle vs oracle)")
 # into the request's infos -- which is the request's buffer dict whenever one exists --
 # that the omni runner contract does not list (CONTRACT 3.1 lists only request_id,
 # _omni_prompt_len, _omni_num_computed_tokens, _omni_is_prefill):
-#   duplex_token_offset  (line 1845)  num_computed_tokens again, for duplex models
-#   duplex_prompt_len    (line 1846)  len(prompt_token_ids), or None without a request state
-#   _omni_max_tokens     (line 1862)  sampling_params.max_tokens
-#   _omni_seed           (line 1865)  sampling_params.seed (a plain seed; never seeds the MTP)
+#   duplex_token_offset  (line 1860)  num_computed_tokens again, for duplex models
+#   duplex_prompt_len    (line 1861)  len(prompt_token_ids), or None without a request state
+#   _omni_max_tokens     (line 1875)  sampling_params.max_tokens
+#   _omni_seed           (line 1878)  sampling_params.seed (a plain seed; never seeds the MTP)
 # With Policy.forward, _model_forward -> _gather_runtime_additional_information
-# (line 1365) also writes generated_len = len(output_token_ids) into every non-empty buffer.
+# (line 1363) also writes generated_len = len(output_token_ids) into every non-empty buffer.
 ORACLE_EXTRA_KEYS = frozenset(
     {"duplex_token_offset", "duplex_prompt_len", "_omni_max_tokens", "_omni_seed", "generated_len"}
 )
+# With Policy.forward, the oracle's _build_model_kwargs_extra also hands the model
+# request_token_spans (line 1426: per-row (start, end) token spans) -- a kwarg the
+# contract's 1.1 does not name. Dropping it hides a real difference (a model whose
+# make_omni_output maps rows by spans gets none from a contract runner); it is listed
+# separately so a test can choose to keep it.
+ORACLE_EXTRA_FORWARD_KWARGS = frozenset({"request_token_spans"})
 ORACLE_VS_CONTRACT = KeyMapping(
     buffer_drop=ORACLE_EXTRA_KEYS,
     info_drop=ORACLE_EXTRA_KEYS,
-    doc="drop the oracle-only per-row keys (see ORACLE_EXTRA_KEYS) from buffers and hook infos",
+    forward_kwargs_drop=ORACLE_EXTRA_FORWARD_KWARGS,
+    doc="drop the oracle-only per-row keys (ORACLE_EXTRA_KEYS) from buffers and hook infos, "
+    "and the oracle-only forward kwarg request_token_spans",
 )
 
 
@@ -1092,17 +1176,23 @@ def _normalize(obs: Observation, mapping: KeyMapping) -> dict[str, Any]:
         data.pop(name, None)
     if "buffers" in data:
         data["buffers"] = {
-            rid: {k: v for k, v in buf.items() if k not in mapping.buffer_drop} if isinstance(buf, dict) else buf
+            rid: {k: v for k, v in buf.items() if k not in mapping.buffer_drop}
+            if isinstance(buf, dict)
+            else buf
             for rid, buf in data["buffers"].items()
         }
-    if "calls" in data and mapping.info_drop:
+    if "calls" in data and (mapping.info_drop or mapping.forward_kwargs_drop):
         calls = []
         for call in data["calls"]:
             call = dict(call)
+            if call["hook"] == "forward":
+                call["kwargs"] = [k for k in call["kwargs"] if k not in mapping.forward_kwargs_drop]
             if call.get("keys") is not None:
                 call["keys"] = [[k for k in ks if k not in mapping.info_drop] for ks in call["keys"]]
             if call.get("req_info_keys") is not None:
-                call["req_info_keys"] = [[k for k in ks if k not in mapping.info_drop] for ks in call["req_info_keys"]]
+                call["req_info_keys"] = [
+                    [k for k in ks if k not in mapping.info_drop] for ks in call["req_info_keys"]
+                ]
             calls.append(call)
         data["calls"] = calls
     return data
@@ -1143,7 +1233,7 @@ def _diff(a: Any, b: Any, path: str, out: list[str], limit: int = 40) -> None:
         if len(a) != len(b):
             out.append(f"{path}: length {len(a)} != {len(b)}: {_fmt(a)} != {_fmt(b)}")
             return
-        for i, (x, y) in enumerate(zip(a, b)):
+        for i, (x, y) in enumerate(zip(a, b, strict=True)):
             _diff(x, y, f"{path}[{i}]", out, limit)
         return
     if type(a) is not type(b) or a != b:
@@ -1176,7 +1266,7 @@ def compare_runs(run_a: list[Observation], run_b: list[Observation], mapping: Ke
     """``compare`` step by step; fails at the first differing step."""
     if len(run_a) != len(run_b):
         raise ObservationMismatch(f"runs have {len(run_a)} and {len(run_b)} steps")
-    for a, b in zip(run_a, run_b):
+    for a, b in zip(run_a, run_b, strict=True):
         compare(a, b, mapping)
 
 
@@ -1187,6 +1277,7 @@ __all__ = [
     "MAX_NUM_TOKENS",
     "MM_ATTRIBUTES",
     "MTP_ATTRIBUTES",
+    "ORACLE_EXTRA_FORWARD_KWARGS",
     "ORACLE_EXTRA_KEYS",
     "ORACLE_VS_CONTRACT",
     "RUNNER_ATTRIBUTES",
@@ -1213,7 +1304,6 @@ __all__ = [
     "run_step",
     "snapshot",
 ]
-
 
 
 # =============================================================================
@@ -1243,7 +1333,7 @@ def coverage(scenario: Scenario, observations: Sequence[Observation]) -> dict[st
             if row.mtp_eligible:
                 c[f"mtp_row:{spec.seed_kind}"] += 1
         flags = [r.mtp_eligible for r in step.rows]
-        c["steps_with_adjacent_decode1"] += any(a and b for a, b in zip(flags, flags[1:]))
+        c["steps_with_adjacent_decode1"] += any(a and b for a, b in zip(flags, flags[1:], strict=False))
         first = flags.index(True) if True in flags else -1
         last = len(flags) - 1 - flags[::-1].index(True) if True in flags else -1
         c["steps_with_split_decode1"] += first >= 0 and not all(flags[first : last + 1])

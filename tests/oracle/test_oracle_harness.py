@@ -47,7 +47,9 @@ POLICIES: dict[str, Policy] = {
     # scalar hooks; several MTP rows with a seeded one -> one predictor call per row
     "mtp_scalar_fallback": Policy(flags=ModelFlags(mtp=True)),
     # qwen3_tts-like eager: 5-tuple decode batching, per-row generators in one call
-    "mtp_rowgen_batched": Policy(flags=ModelFlags(mtp=True, per_row_generators=True, decode_batching="mtp")),
+    "mtp_rowgen_batched": Policy(
+        flags=ModelFlags(mtp=True, per_row_generators=True, decode_batching="mtp", batch_hook=True)
+    ),
     # graph-safe predictor under a full graph: wrapped, MTP batch padded to capture sizes
     "mtp_batched_graph": Policy(
         flags=ModelFlags(mtp=True, decode_batching="mtp", mtp_graph_safe=True), cudagraph="full"
@@ -73,7 +75,9 @@ POLICIES: dict[str, Policy] = {
         subtalker_sampling_params={"do_sample": False},
     ),
     # higgs-like 3-tuple decode batching, with snapshot replacement on
-    "plain_batched_replace": Policy(flags=ModelFlags(mtp=False, decode_batching="plain", replace_snapshots=True)),
+    "plain_batched_replace": Policy(
+        flags=ModelFlags(mtp=False, decode_batching="plain", replace_snapshots=True)
+    ),
     # per-row hooks, replacement on, async-chunk (no local payload sync), forward
     "rows_replace_async_forward": Policy(
         flags=ModelFlags(mtp=False, replace_snapshots=True), async_chunk=True, forward=True
@@ -83,7 +87,9 @@ POLICIES: dict[str, Policy] = {
         flags=ModelFlags(mtp=False, has_preprocess=False, refresh_buffers=True), forward=True
     ),
     # multimodal wrapper (input_ids None) + MiMo request-feature attachment
-    "mm_inputs_mimo": Policy(flags=ModelFlags(mtp=False, multimodal_inputs=True, attach_request_features=True)),
+    "mm_inputs_mimo": Policy(
+        flags=ModelFlags(mtp=False, multimodal_inputs=True, attach_request_features=True)
+    ),
 }
 SEEDS = {name: i for i, name in enumerate(POLICIES)}
 
@@ -189,7 +195,10 @@ def test_every_row_gets_exactly_one_hook_call() -> None:
         for o in obs:
             step = sc.steps[o.step]
             seen = [
-                rid for c in o.calls if c["hook"] in ("preprocess", "preprocess_decode_batch") for rid in c["req_ids"]
+                rid
+                for c in o.calls
+                if c["hook"] in ("preprocess", "preprocess_decode_batch")
+                for rid in c["req_ids"]
             ]
             assert seen == [r.req_id for r in step.rows], (name, step.describe())
 
@@ -197,7 +206,7 @@ def test_every_row_gets_exactly_one_hook_call() -> None:
 def test_hook_kinds_and_policy_behaviour_show_in_observations() -> None:
     # per-row generators: one batched call, seeded and unseeded rows together
     cov = coverage(scenario(SEEDS["mtp_rowgen_batched"]), oracle_run("mtp_rowgen_batched")[0])
-    assert cov["hook:preprocess_decode_batch"] > 50
+    assert cov["hook:preprocess_decode_batch"] > 50 and cov["hook:preprocess_batch"] == NUM_STEPS
     assert cov["mtp:seeded_rows_generators"] > 30 and cov["mtp:unseeded_rows_in_generators"] > 10
     assert cov.get("steps_with_multiple_mtp_calls", 0) == 0
 
@@ -210,11 +219,11 @@ def test_hook_kinds_and_policy_behaviour_show_in_observations() -> None:
     assert info == {"init_wrapper_lookups": 1, "mtp_wrapped": True, "mtp_runtime_mode": "FULL"}
     contexts = [ctx for o in obs for ctx in o.forward_contexts]
     assert contexts and {mode for mode, _ in contexts} == {"FULL"}
-    padded = [
-        (c["rows"], c["forward_context"]) for o in obs for c in o.calls if c["hook"] == "talker_mtp"
-    ]
+    padded = [(c["rows"], c["forward_context"]) for o in obs for c in o.calls if c["hook"] == "talker_mtp"]
     assert any(rows == 4 and ctx == ("FULL", 4) for rows, ctx in padded)
-    assert all(o.batch_padding_calls[0]["max_num_scheduled_tokens"] == 1 for o in obs if o.batch_padding_calls)
+    assert all(
+        o.batch_padding_calls[0]["max_num_scheduled_tokens"] == 1 for o in obs if o.batch_padding_calls
+    )
 
     # explicit unsafe: never wrapped, never looked up at init, eager mode; greedy sampling passed
     obs, info = oracle_run("mtp_unsafe_rowgen_greedy")
@@ -226,9 +235,10 @@ def test_hook_kinds_and_policy_behaviour_show_in_observations() -> None:
     # legacy auto with a separate talker: wrapped; moss key; sampling params; metadata; forward
     obs, info = oracle_run("mtp_auto_moss_key_forward")
     assert info["mtp_wrapped"] is True
-    assert {c["sampling"] for o in obs for c in o.calls if c["hook"] == "talker_mtp"} == {(True, 0.9, 32, 1.0)}
+    assert {c["sampling"] for o in obs for c in o.calls if c["hook"] == "talker_mtp"} == {
+        (True, 0.9, 32, 1.0)
+    }
     assert any("audio_codes" in b for o in obs for b in o.buffers.values())
-    assert all("codes" not in b or "audio" not in b["codes"] or True for o in obs for b in o.buffers.values())
     hooks = {c["hook"] for o in obs for c in o.calls}
     assert {"preprocess", "talker_mtp", "forward", "update_decode_step_metadata"} <= hooks
     assert {o.forward["type"] for o in obs} == {"OmniOutput", "tuple", "Tensor"}
@@ -243,7 +253,9 @@ def test_hook_kinds_and_policy_behaviour_show_in_observations() -> None:
     calls = [c for o in obs for c in o.calls]
     assert any(c["hook"] == "embed_input_ids" for c in calls)
     pre = [c for c in calls if c["hook"] == "preprocess"]
-    assert pre and all({"req_id", "mm_features"} <= set(c["keys"][0]) for c in pre)
+    assert pre and all("req_id" in c["keys"][0] for c in pre)
+    attached = [(c["req_ids"][0], c["mm_features"][0]) for c in pre if "mm_features" in c["keys"][0]]
+    assert attached and all(feats and feats[0].startswith(f"mm:{rid}:") for rid, feats in attached)
     assert all(o.ids is not None and o.ids_persistent for o in obs)
 
 
@@ -271,7 +283,7 @@ def test_compare_catches_a_generator_that_is_not_kept() -> None:
     with pytest.raises(ObservationMismatch) as err:
         compare_runs(good, bad)
     text = str(err.value)
-    assert "difference(s)" in text and "scenario: step" in text and "obs['calls']" in text
+    assert "difference(s)" in text and "scenario: step" in text and "obs[" in text
 
 
 def test_compare_checks_scalar_types() -> None:
@@ -288,7 +300,10 @@ def test_oracle_to_contract_mapping_drops_only_the_documented_keys() -> None:
     for o in obs[:60]:
         stripped = dataclasses.replace(
             o,
-            buffers={rid: {k: v for k, v in b.items() if k not in ORACLE_EXTRA_KEYS} for rid, b in o.buffers.items()},
+            buffers={
+                rid: {k: v for k, v in b.items() if k not in ORACLE_EXTRA_KEYS}
+                for rid, b in o.buffers.items()
+            },
         )
         compare(o, stripped, ORACLE_VS_CONTRACT)
         if any(ORACLE_EXTRA_KEYS & set(b) for b in o.buffers.values()):
@@ -317,3 +332,45 @@ def test_build_runner_sets_exactly_the_listed_attributes() -> None:
         if policy.flags.mtp:
             assert tuple(runner.talker_mtp_inputs_embeds.gpu.shape) == (16, 8)
             assert runner.talker_mtp_input_ids.gpu.dtype == torch.int32
+
+
+def test_patches_are_restored() -> None:
+    import vllm.forward_context as fc
+    import vllm.v1.worker.gpu_model_runner as vllm_runner
+    from vllm.platforms import current_platform
+    from vllm_omni.platforms import current_omni_platform
+
+    before = (vllm_runner.get_pp_group, fc.set_forward_context, current_platform.get_static_graph_wrapper_cls)
+    omni_before = dict(vars(current_omni_platform))
+    with harness_patches(), harness_patches():
+        assert vllm_runner.get_pp_group().is_first_rank
+    after = (vllm_runner.get_pp_group, fc.set_forward_context, current_platform.get_static_graph_wrapper_cls)
+    assert after == before and dict(vars(current_omni_platform)) == omni_before
+
+
+def test_policy_from_plan_maps_plan_fields_to_flags() -> None:
+    from types import SimpleNamespace
+
+    from .policy_map import Unexpressible, policy_from_plan
+
+    mtp = SimpleNamespace(
+        graph="safe",
+        output_key=("codes", "audio"),
+        output_key_gpu_resident=False,
+        per_row_generators="eager_only",
+        sampling_defaults={"do_sample": True, "temperature": 0.9, "top_k": 50, "top_p": 1.0},
+    )
+    plan = SimpleNamespace(
+        model="m", stage="s", mtp=mtp, preprocess_hook=True, refresh_every_step=True,
+        batch_preprocess_hook=True, decode_batch="mtp", gpu_resident_keys=(("hidden_states", "last"),),
+        replace_on_marker=False, multimodal_outputs=True, decode_step_metadata=False,
+        attach_request_features=False, async_chunk=False, sync_payloads_before_rows=True,
+    )  # fmt: skip
+    eager = policy_from_plan(plan)
+    assert eager.flags.per_row_generators and eager.flags.mtp_graph_safe and eager.flags.batch_hook
+    assert eager.subtalker_sampling_params == mtp.sampling_defaults
+    assert eager.flags.gpu_resident_keys == frozenset({("hidden_states", "last")})
+    graphed = policy_from_plan(plan, cudagraph="full", subtalker_sampling_params={"do_sample": False})
+    assert not graphed.flags.per_row_generators and graphed.subtalker_sampling_params == {"do_sample": False}
+    with pytest.raises(Unexpressible):
+        policy_from_plan(SimpleNamespace(**{**vars(plan), "refresh_every_step": False}))

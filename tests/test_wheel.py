@@ -1,0 +1,111 @@
+"""The wheel: conf/, templates/ and generated/ ship inside it and `omnigen build` works from it.
+
+Builds the wheel, installs it with only its generator dependencies into a fresh venv (no vLLM:
+generating code does not import it), and builds into a temporary output.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from omnigen import paths
+
+ROOT = Path(__file__).resolve().parent.parent
+LOCK = ROOT / "requirements" / "cpu.lock"
+GENERATOR_DEPS = (
+    "hydra-core",
+    "omegaconf",
+    "antlr4-python3-runtime",
+    "jinja2",
+    "markupsafe",
+    "pyyaml",
+    "ruff",
+    "packaging",
+)
+
+pytestmark = pytest.mark.e2e
+
+
+def _pinned(names: tuple[str, ...]) -> list[str]:
+    pins = {}
+    for line in LOCK.read_text().splitlines():
+        match = re.match(r"^([A-Za-z0-9_.-]+)==(\S+)", line)
+        if match:
+            pins[match.group(1).lower().replace("_", "-")] = line.strip()
+    return [pins[name] for name in names]
+
+
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("dist")
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--no-deps",
+            "--no-build-isolation",
+            "-q",
+            "-w",
+            str(out),
+            str(ROOT),
+        ],
+        check=True,
+        capture_output=True,
+    )
+    (built,) = out.glob("omnigen-*.whl")
+    return built
+
+
+def test_wheel_carries_conf_templates_and_generated(wheel):
+    names = set(zipfile.ZipFile(wheel).namelist())
+    assert "omnigen/conf/config.yaml" in names
+    assert "omnigen/conf/model/qwen3_omni.yaml" in names
+    assert "omnigen/templates/stage.py.j2" in names
+    assert "omnigen/generated/qwen3_omni/talker.py" in names
+    assert "omnigen/generated/qwen3_omni/plan.yaml" in names
+    assert "omnigen/ruff.toml" in names
+    assert not any(name.startswith(("generated/", "conf/", "templates/")) for name in names)
+
+
+def test_fresh_venv_from_the_wheel_builds_and_checks(wheel, tmp_path):
+    venv = tmp_path / "venv"
+    uv = Path(sys.executable).parent / "uv"
+    subprocess.run([str(uv), "venv", "-q", "--python", sys.executable, str(venv)], check=True)
+    subprocess.run(
+        [
+            str(uv),
+            "pip",
+            "install",
+            "-q",
+            "--python",
+            str(venv / "bin" / "python"),
+            "--no-deps",
+            str(wheel),
+            *_pinned(GENERATOR_DEPS),
+        ],
+        check=True,
+        capture_output=True,
+    )
+    out = tmp_path / "out"
+    omnigen = venv / "bin" / "omnigen"
+    result = subprocess.run(
+        [str(omnigen), "build", "model=qwen3_omni", f"out={out}"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+    )
+    assert result.returncode == 0, result.stderr
+    for path in (paths.generated_dir() / "qwen3_omni").iterdir():
+        if path.is_file():
+            assert (out / "qwen3_omni" / path.name).read_text() == path.read_text(), path.name
+    check = subprocess.run([str(omnigen), "check"], cwd=tmp_path, capture_output=True, text=True)
+    assert check.returncode == 0, check.stdout + check.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out", "venv"]
