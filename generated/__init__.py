@@ -9,6 +9,7 @@ MODELS = (
     "mimo_audio",
     "minicpmo_4_5",
     "moss_tts_local",
+    "omnigen_tiny",
     "qwen2_5_omni",
     "qwen3_omni",
     "qwen3_tts",

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from omnigen import pipeline
 from omnigen.plan import ModelPlan, StagePlan
 
-__all__ = ["model_plan", "runner_class", "stage_plan", "stage_source", "worker_class"]
+__all__ = ["model_plan", "runner_class", "stage_plan", "stage_source", "worker_class", "worker_cls_name"]
 
 _modules: dict[tuple[str, str, tuple[str, ...]], types.ModuleType] = {}
 
@@ -64,3 +64,15 @@ def runner_class(model: str, stage: str, overrides: Sequence[str] = ()) -> type:
 def worker_class(model: str, stage: str, overrides: Sequence[str] = ()) -> type:
     plan = stage_plan(model, stage, overrides)
     return getattr(_module(model, stage, overrides), plan.worker_class)
+
+
+def worker_cls_name(model: str, stage: str, overrides: Sequence[str] = ()) -> str:
+    """The ``worker_cls`` string for vLLM: the committed module without overrides, else the variant's.
+
+    A variant lives in ``sys.modules`` only, so vLLM must build its worker in this process
+    (``VLLM_ENABLE_V1_MULTIPROCESSING=0``; the CPU executor then runs the worker in process).
+    """
+    plan = stage_plan(model, stage, overrides)
+    if not overrides:
+        return f"{plan.module}.{plan.worker_class}"
+    return f"{_module(model, stage, overrides).__name__}.{plan.worker_class}"
