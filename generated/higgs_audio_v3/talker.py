@@ -125,16 +125,21 @@ class HiggsAudioV3TalkerRunner(OmniRunnerBase, vllm_api.GPUModelRunner):
                     input_ids[start : start + written] = ids_out
                 continue
             req_ids = rows.req_ids[first:last]
-            infos_batch = [self._request_buffer(req_id) for req_id in req_ids]
-            previous = phases.stamp_rows(infos_batch, keys[first:last])
+            stamped = phases.stamp_batch(self, req_ids, keys[first:last])
             start = int(rows.offsets[first])
             end = start + (last - first)
             ids_in = input_ids[start:end]
             ids_out, embeds_out, updates = self.model.preprocess_decode_batch(
-                input_ids=ids_in, req_infos=infos_batch
+                input_ids=ids_in, req_infos=stamped.infos
             )
             phases.check_batch_outputs(
-                last - first, ids_out, embeds_out, updates, "preprocess_decode_batch", infos_batch, previous
+                last - first,
+                ids_out,
+                embeds_out,
+                updates,
+                "preprocess_decode_batch",
+                stamped,
+                self.model_intermediate_buffer,
             )
             inputs_embeds[start:end].copy_(embeds_out)
             if ids_out is not ids_in:

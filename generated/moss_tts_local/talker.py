@@ -150,15 +150,20 @@ class MossTtsLocalTalkerRunner(OmniRunnerBase, vllm_api.GPUModelRunner):
                     input_ids[start : start + written] = ids_out
                 continue
             req_ids = rows.req_ids[first:last]
-            infos_batch = [self._request_buffer(req_id) for req_id in req_ids]
-            previous = phases.stamp_rows(infos_batch, keys[first:last])
+            stamped = phases.stamp_batch(self, req_ids, keys[first:last])
             offsets = rows.offsets[first:last].tolist()
             index = torch.tensor(offsets, dtype=torch.long).to(input_ids.device, non_blocking=True)
             ids_out, embeds_out, last_hidden, text_step, updates = self.model.preprocess_decode_batch(
-                input_ids=input_ids.index_select(0, index), req_infos=infos_batch
+                input_ids=input_ids.index_select(0, index), req_infos=stamped.infos
             )
             phases.check_batch_outputs(
-                last - first, ids_out, embeds_out, updates, "preprocess_decode_batch", infos_batch, previous
+                last - first,
+                ids_out,
+                embeds_out,
+                updates,
+                "preprocess_decode_batch",
+                stamped,
+                self.model_intermediate_buffer,
             )
             inputs_embeds.index_copy_(0, index, embeds_out)
             input_ids.index_copy_(0, index, ids_out.reshape(-1).to(input_ids.dtype))

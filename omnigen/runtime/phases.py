@@ -127,22 +127,49 @@ RUNNER_KEYS = ("request_id", "_omni_prompt_len", "_omni_num_computed_tokens", "_
 _ABSENT = object()
 
 
-def stamp_rows(infos: list[dict[str, Any]], keys: list[dict[str, Any]]) -> list[tuple[Any, ...]]:
-    """Write each row's runner keys into its infos; return what they held, for ``check_batch_outputs``."""
+@dataclass
+class StampedBatch:
+    """A decode batch's infos with the runner keys written in, and how to take them back out."""
+
+    infos: list[dict[str, Any]]
+    previous: list[tuple[Any, ...]]
+    """What each row's runner keys held before (``_ABSENT`` where a key was not there)."""
+    created: list[str]
+    """Requests whose buffer was created for this batch."""
+
+    def undo(self, buffers: dict[str, Any]) -> None:
+        """Put every row's buffer back as it was before the batch."""
+        for row_infos, held in zip(self.infos, self.previous, strict=True):
+            for key, value in zip(RUNNER_KEYS, held, strict=True):
+                if value is _ABSENT:
+                    row_infos.pop(key, None)
+                else:
+                    row_infos[key] = value
+        for req_id in self.created:
+            buffers.pop(req_id, None)
+
+
+def stamp_batch(
+    runner: Any, req_ids: list[str], keys: list[dict[str, Any]], *, attach_request_features: bool = False
+) -> StampedBatch:
+    """Write the runner keys of a decode batch's rows into their buffers (3.1), undoably.
+
+    The hook sees the requests' buffers, created where missing (``runner._request_buffer``),
+    or, with ``attach_request_features``, the copies ``runner._attach_request_features`` makes.
+    """
+    buffers = runner.model_intermediate_buffer
+    created = [req_id for req_id in req_ids if req_id not in buffers and req_id in runner.requests]
+    infos = [runner._request_buffer(req_id) for req_id in req_ids]
+    if attach_request_features:
+        infos = [
+            runner._attach_request_features(runner.requests.get(req_id), row_infos, req_id)
+            for req_id, row_infos in zip(req_ids, infos, strict=True)
+        ]
     previous = []
     for row_infos, row_keys in zip(infos, keys, strict=True):
         previous.append(tuple(row_infos.get(key, _ABSENT) for key in RUNNER_KEYS))
         row_infos.update(row_keys)
-    return previous
-
-
-def _unstamp(infos: list[dict[str, Any]], previous: list[tuple[Any, ...]]) -> None:
-    for row_infos, held in zip(infos, previous, strict=True):
-        for key, value in zip(RUNNER_KEYS, held, strict=True):
-            if value is _ABSENT:
-                row_infos.pop(key, None)
-            else:
-                row_infos[key] = value
+    return StampedBatch(infos=infos, previous=previous, created=created)
 
 
 def check_batch_outputs(
@@ -151,19 +178,18 @@ def check_batch_outputs(
     embeds: Any,
     updates: Any,
     hook: str,
-    infos: list[dict[str, Any]],
-    previous: list[tuple[Any, ...]],
+    stamped: StampedBatch,
+    buffers: dict[str, Any],
 ) -> None:
     """Raise before any buffer write unless a batch hook returned one result per row (3.5).
 
-    On failure the runner keys stamped into the rows' buffers are put back as they were,
-    so the buffers end exactly as before the step.
+    On failure the batch's buffers are put back as they were before the step.
     """
     got_ids = int(ids.numel()) if hasattr(ids, "numel") else len(ids)
     got_embeds = int(embeds.shape[0]) if getattr(embeds, "ndim", 0) == 2 else 0
     got_updates = len(updates)
     if not got_ids == got_embeds == got_updates == num_rows:
-        _unstamp(infos, previous)
+        stamped.undo(buffers)
         raise ValueError(
             f"batched decode preprocessing: model.{hook} returned {got_ids} ids, {got_embeds} "
             f"embeddings and {got_updates} updates for {num_rows} rows; it must return exactly one "
