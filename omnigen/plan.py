@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from omnigen.schema import DecodeBatch, Device, MTPGraph, PerRowGenerators, StageKind
-from omnigen.spec import BuildSpec, ModelSpec, StageSpec
+from omnigen.spec import BuildSpec, ModelSpec, StageSpec, resolve_mtp_graph
 
 # Contract clauses (CONTRACT.md section numbers) and what each covers.
 CLAUSES: dict[str, str] = {
@@ -269,22 +269,7 @@ def _plan_stage(model: ModelSpec, stage: StageSpec, build: BuildSpec) -> StagePl
     mtp_plan: MTPPlan | None = None
     if stage.mtp is not None:
         mtp = stage.mtp
-        if build.mtp_graph_preset is not None:
-            graph = build.mtp_graph_preset
-            graph_reason = f"graph preset sets every MTP stage to {graph.value}"
-            graph_keys: tuple[str, ...] = ("mtp_graph",)
-        else:
-            graph = mtp.graph
-            graph_reason = f"mtp.graph={graph.value}"
-            graph_keys = (f"{key}.mtp.graph",)
-        if graph is MTPGraph.auto:
-            if mtp.owns_talker_module:
-                graph = MTPGraph.safe
-                graph_reason = "mtp.graph=auto resolves to safe: the stage owns a separate talker module"
-            else:
-                graph = MTPGraph.unsafe
-                graph_reason = "mtp.graph=auto resolves to unsafe: the stage owns no separate talker module"
-            graph_keys = graph_keys + (f"{key}.mtp.owns_talker_module",)
+        graph, graph_reason, graph_keys = resolve_mtp_graph(mtp, build.mtp_graph_preset, key)
         decide("mtp.graph", graph.value, graph_reason, *graph_keys)
 
         per_row = mtp.per_row_generators

@@ -116,6 +116,30 @@ class BuildSpec:
     mtp_graph_preset: MTPGraph | None
 
 
+def resolve_mtp_graph(
+    mtp: MTPSpec, preset: MTPGraph | None, key: str
+) -> tuple[MTPGraph, str, tuple[str, ...]]:
+    """The stage's effective MTP graph policy (``safe`` or ``unsafe``), why, and the keys behind it."""
+    if preset is not None:
+        graph, reason, keys = preset, f"graph preset sets every MTP stage to {preset.value}", ("mtp_graph",)
+    else:
+        graph, reason, keys = mtp.graph, f"mtp.graph={mtp.graph.value}", (f"{key}.mtp.graph",)
+    if graph is MTPGraph.auto:
+        keys = (*keys, f"{key}.mtp.owns_talker_module")
+        if mtp.owns_talker_module:
+            return (
+                MTPGraph.safe,
+                "mtp.graph=auto resolves to safe: the stage owns a separate talker module",
+                keys,
+            )
+        return (
+            MTPGraph.unsafe,
+            "mtp.graph=auto resolves to unsafe: the stage owns no separate talker module",
+            keys,
+        )
+    return graph, reason, keys
+
+
 def model_source(name: str) -> str:
     return f"conf/model/{name}.yaml"
 
@@ -153,6 +177,18 @@ def build_spec(cfg: DictConfig) -> BuildSpec:
     device = Device(cfg.device.value if isinstance(cfg.device, Device) else cfg.device)
     preset_raw = cfg.get("mtp_graph")
     preset = None if preset_raw is None else MTPGraph(getattr(preset_raw, "value", preset_raw))
+    if spec is not None:
+        for stage in spec.stages:
+            if stage.mtp is None:
+                continue
+            graph, reason, _ = resolve_mtp_graph(stage.mtp, preset, f"stages.{stage.name}")
+            if graph is MTPGraph.safe and stage.mtp.per_row_generators is PerRowGenerators.always:
+                findings.add(
+                    f"stages.{stage.name}.mtp.per_row_generators",
+                    f"always, but the predictor may be graph-captured ({reason}), and a captured "
+                    "predictor replays one random stream; use eager_only (per-row generators when "
+                    "eager, one call per seeded row when captured) or mtp.graph: unsafe",
+                )
     if findings.items:
         raise SpecError(findings.items)
     assert spec is not None
@@ -303,6 +339,12 @@ def _stage_spec(model: ModelConf, name: str, stage: Any, *, is_last: bool, findi
                 f"{key}.mtp.hidden_size_from",
                 f"{mtp_cfg.hidden_size_from!r} is not an attribute path under model_config, "
                 "e.g. hf_text_config.hidden_size",
+            )
+        if pre.decode_batch is DecodeBatch.plain:
+            add(
+                f"{key}.preprocess.decode_batch",
+                "plain batching sends single-token decode rows to the 3-tuple hook, so they would "
+                "never reach the talker MTP; use decode_batch: mtp (the 5-tuple hook) or none",
             )
         _check_sampling(mtp_cfg.sampling, f"{key}.mtp.sampling", add)
         mtp = MTPSpec(

@@ -99,9 +99,10 @@ class MimoAudioFusedThinkerTalkerRunner(OmniRunnerBase, vllm_api.GPUModelRunner)
         for row in range(rows.num_rows):
             req_id = rows.req_ids[row]
             infos = self._request_buffer(req_id)
-            # preprocess.attach_request_features: the hook sees the request's mm_features (3.8).
-            infos = self._attach_request_features(self.requests.get(req_id), infos, req_id)
             infos.update(keys[row])
+            # preprocess.attach_request_features: the hook sees the request's mm_features (3.8) on a copy
+            # of its buffer, which keeps the runner keys (3.1).
+            infos = self._attach_request_features(self.requests.get(req_id), infos, req_id)
             start = int(rows.offsets[row])
             end = start + int(rows.spans[row])
             ids_out, embeds_out, update = self.model.preprocess(

@@ -2,7 +2,7 @@
 # Regenerate: omnigen build model=omnigen_tiny
 """omnigen tiny test model, stage `talker`: the runner and the worker vLLM loads for it.
 
-An autoregressive stage that feeds the next stage. It has: per-row preprocess hook; batched decode preprocessing (mtp); talker MTP (graph safe, per-row generators always).
+An autoregressive stage that feeds the next stage. It has: per-row preprocess hook; batched decode preprocessing (mtp); talker MTP (graph safe, per-row generators eager_only).
 
 Contract clauses (shared/docs/CONTRACT.md): 1.1, 1.1-omni-output, 1.3, 2.1, 2.2, 2.3, 3.1, 3.2, 3.3, 3.3-batch-mtp, 3.4, 3.5, 3.6, 4.1, 4.2, 4.2-every-step, 4.4, 4.5, 5.1, 5.2, 6.
 Serve: vllm serve MODEL_PATH --worker-cls omnigen.generated.omnigen_tiny.talker.OmnigenTinyTalkerWorker
@@ -47,7 +47,8 @@ class OmnigenTinyTalkerRunner(OmniRunnerBase, vllm_api.GPUModelRunner):
         self.talker_mtp = talker_mtp
         # mtp.hidden_size_from: the buffers are as wide as model_config.hf_text_config.hidden_size.
         hidden_size = int(self.model_config.hf_text_config.hidden_size)
-        rows = max(self.max_num_reqs, self.compilation_config.max_cudagraph_capture_size)
+        # vLLM leaves max_cudagraph_capture_size None when CUDA graphs are off (enforce_eager).
+        rows = max(self.max_num_reqs, self.compilation_config.max_cudagraph_capture_size or 0)
         self.talker_mtp_input_ids = self._make_buffer(rows, dtype=torch.int32)
         self.talker_mtp_inputs_embeds = self._make_buffer(rows, hidden_size, dtype=self.dtype, numpy=False)
         self.last_talker_hidden = self._make_buffer(rows, hidden_size, dtype=self.dtype, numpy=False)
@@ -211,6 +212,11 @@ class OmnigenTinyTalkerRunner(OmniRunnerBase, vllm_api.GPUModelRunner):
             self._talker_mtp_generators, self.requests, req_ids, self.talker_mtp_input_ids.gpu.device
         )
         seeded = any(generator is not None for generator in generators)
+        if seeded and batch > 1 and graph_wrapped:
+            # mtp.per_row_generators=eager_only: a graph-wrapped predictor takes one generator,
+            # so seeded rows run alone.
+            self._talker_mtp_forward_row_by_row(req_ids, inputs_embeds, start_offsets)
+            return
         kwargs = mtp.sampling_kwargs(self.vllm_config.model_config, self.MTP_SAMPLING_DEFAULTS)
         if seeded:
             if batch == 1:
@@ -238,6 +244,28 @@ class OmnigenTinyTalkerRunner(OmniRunnerBase, vllm_api.GPUModelRunner):
         host_codes = codes[:batch].detach().to("cpu")
         for row, req_id in enumerate(req_ids):
             self._update_intermediate_buffer(req_id, {"codes": {"audio": host_codes[row : row + 1]}})
+
+    def _talker_mtp_forward_row_by_row(
+        self, req_ids: list[str], inputs_embeds: torch.Tensor, start_offsets: list[int] | None
+    ) -> None:
+        """One predictor call per row, each from slot 0; the four buffers end as they began."""
+        batch = len(req_ids)
+        mtp_buffers = (
+            self.talker_mtp_input_ids,
+            self.talker_mtp_inputs_embeds,
+            self.last_talker_hidden,
+            self.text_step,
+        )
+        staged = [buffer.gpu[:batch].clone() for buffer in mtp_buffers]
+        try:
+            for row, req_id in enumerate(req_ids):
+                for buffer, saved in zip(mtp_buffers, staged, strict=True):
+                    buffer.gpu[:1].copy_(saved[row : row + 1])
+                offsets = None if start_offsets is None else [start_offsets[row]]
+                self._talker_mtp_forward([req_id], inputs_embeds, offsets)
+        finally:
+            for buffer, saved in zip(mtp_buffers, staged, strict=True):
+                buffer.gpu[:batch].copy_(saved)
 
     def _should_accumulate_full_payload_output(self) -> bool:
         """Whether this stage keeps a full payload to send at request end (5.2)."""

@@ -47,7 +47,8 @@ class Qwen3TtsRunner(OmniRunnerBase, vllm_api.GPUModelRunner):
         self.talker_mtp = talker_mtp
         # mtp.hidden_size_from: the buffers are as wide as model_config.hf_config.talker_config.hidden_size.
         hidden_size = int(self.model_config.hf_config.talker_config.hidden_size)
-        rows = max(self.max_num_reqs, self.compilation_config.max_cudagraph_capture_size)
+        # vLLM leaves max_cudagraph_capture_size None when CUDA graphs are off (enforce_eager).
+        rows = max(self.max_num_reqs, self.compilation_config.max_cudagraph_capture_size or 0)
         self.talker_mtp_input_ids = self._make_buffer(rows, dtype=torch.int32)
         self.talker_mtp_inputs_embeds = self._make_buffer(rows, hidden_size, dtype=self.dtype, numpy=False)
         self.last_talker_hidden = self._make_buffer(rows, hidden_size, dtype=self.dtype, numpy=False)

@@ -7,7 +7,8 @@ batch instead of per-row Python arithmetic.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import contextlib
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -132,14 +133,19 @@ class StampedBatch:
     """A decode batch's infos with the runner keys written in, and how to take them back out."""
 
     infos: list[dict[str, Any]]
+    """What the batch hook sees: the rows' buffers, or copies of them (request features)."""
     previous: list[tuple[Any, ...]]
     """What each row's runner keys held before (``_ABSENT`` where a key was not there)."""
     created: list[str]
     """Requests whose buffer was created for this batch."""
+    buffers: list[dict[str, Any]] = field(default_factory=list)
+    """The rows' own buffers, where the runner keys were written."""
+    mirrors: list[tuple[Any, Any]] = field(default_factory=list)
+    """``(request, previous additional_information_cpu)`` of each created buffer."""
 
     def undo(self, buffers: dict[str, Any]) -> None:
-        """Put every row's buffer back as it was before the batch."""
-        for row_infos, held in zip(self.infos, self.previous, strict=True):
+        """Put every row's buffer (and the mirror of a created one) back as it was before the batch."""
+        for row_infos, held in zip(self.buffers, self.previous, strict=True):
             for key, value in zip(RUNNER_KEYS, held, strict=True):
                 if value is _ABSENT:
                     row_infos.pop(key, None)
@@ -147,6 +153,12 @@ class StampedBatch:
                     row_infos[key] = value
         for req_id in self.created:
             buffers.pop(req_id, None)
+        for request, mirror in self.mirrors:
+            if mirror is _ABSENT:
+                with contextlib.suppress(AttributeError):
+                    delattr(request, "additional_information_cpu")
+            else:
+                request.additional_information_cpu = mirror
 
 
 def stamp_batch(
@@ -159,17 +171,23 @@ def stamp_batch(
     """
     buffers = runner.model_intermediate_buffer
     created = [req_id for req_id in req_ids if req_id not in buffers and req_id in runner.requests]
-    infos = [runner._request_buffer(req_id) for req_id in req_ids]
-    if attach_request_features:
-        infos = [
-            runner._attach_request_features(runner.requests.get(req_id), row_infos, req_id)
-            for req_id, row_infos in zip(req_ids, infos, strict=True)
-        ]
+    mirrors = [
+        (request, getattr(request, "additional_information_cpu", _ABSENT))
+        for request in (runner.requests[req_id] for req_id in created)
+    ]
+    own = [runner._request_buffer(req_id) for req_id in req_ids]
     previous = []
-    for row_infos, row_keys in zip(infos, keys, strict=True):
+    for row_infos, row_keys in zip(own, keys, strict=True):
         previous.append(tuple(row_infos.get(key, _ABSENT) for key in RUNNER_KEYS))
         row_infos.update(row_keys)
-    return StampedBatch(infos=infos, previous=previous, created=created)
+    infos = own
+    if attach_request_features:
+        # The copies carry the runner keys written into the buffers above (3.1, 3.8).
+        infos = [
+            runner._attach_request_features(runner.requests.get(req_id), row_infos, req_id)
+            for req_id, row_infos in zip(req_ids, own, strict=True)
+        ]
+    return StampedBatch(infos=infos, previous=previous, created=created, buffers=own, mirrors=mirrors)
 
 
 def check_batch_outputs(

@@ -1,0 +1,835 @@
+"""Shared pieces of the contract tests: stage variants, step builders, fakes, snapshots.
+
+Runners are built the way vLLM's own runner unit tests build them: ``object.__new__(Cls)``
+plus only the attributes a method reads, on real vLLM types (``CpuGpuBuffer``,
+``CachedRequestState``, ``SchedulerOutput``, ...). The fakes here record every call the
+runner makes into the model, the code predictor, the forward context and the graph wrapper.
+
+Expectations come from ``tests/spec_matrix.yaml`` (hand-written from MODELS.md) plus, for a
+config variant, the capability changes its overrides are meant to make; a test in
+``test_variants.py`` checks that each variant's plan really has those capabilities.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import numpy as np
+import torch
+import yaml
+from vllm.config import CUDAGraphMode
+from vllm.forward_context import BatchDescriptor
+from vllm.sampling_params import SamplingParams
+from vllm.v1.core.sched.output import CachedRequestData, NewRequestData, SchedulerOutput
+from vllm.v1.utils import CpuGpuBuffer
+from vllm.v1.worker.gpu_input_batch import CachedRequestState
+
+from omnigen import api, paths, pipeline
+
+CPU = torch.device("cpu")
+HIDDEN = 8
+MAX_REQS = 16
+MATRIX: dict[str, Any] = yaml.safe_load((Path(__file__).parents[1] / "spec_matrix.yaml").read_text())
+CELLS: list[tuple[str, str]] = [(m, s) for m, entry in MATRIX.items() for s in entry["_order"]]
+
+# Stage facts a config states that the spec matrix does not carry (read from conf/model).
+BATCH_HOOK_STAGES = {("qwen3_tts", "qwen3_tts")}
+
+
+@functools.cache
+def runner_class(model: str, stage: str, overrides: tuple[str, ...] = ()) -> type:
+    """``omnigen.api.runner_class``, once per variant (composing the configs costs ~0.1 s)."""
+    return api.runner_class(model, stage, overrides)
+
+
+@functools.cache
+def stage_plan(model: str, stage: str, overrides: tuple[str, ...] = ()) -> Any:
+    return api.stage_plan(model, stage, overrides)
+
+
+@functools.cache
+def _model_sources(model: str, overrides: tuple[str, ...]) -> dict[str, str]:
+    """Every stage module of ``model`` under ``overrides``, as ``omnigen build`` writes them (one render)."""
+    return pipeline.model_files(api.model_plan(model, overrides), overrides)
+
+
+def stage_source(model: str, stage: str, overrides: tuple[str, ...] = ()) -> str:
+    """A stage module's source: the committed file for a shipped stage (``omnigen check`` keeps it
+    equal to a fresh render), else a render of the variant."""
+    if not overrides:
+        return (paths.generated_dir() / model / f"{stage}.py").read_text()
+    return _model_sources(model, overrides)[f"{model}/{stage}.py"]
+
+
+# -- stage variants ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Variant:
+    """A stage of the spec matrix, optionally under Hydra overrides."""
+
+    model: str
+    stage: str
+    overrides: tuple[str, ...] = ()
+    changes: tuple[tuple[str, Any], ...] = ()
+    """Capabilities (spec-matrix keys) the overrides change."""
+    extra: tuple[tuple[str, Any], ...] = ()
+    """Facts outside the matrix: ``batch_hook``, ``has_finish``, ``sampling`` (exact defaults)."""
+
+    @property
+    def caps(self) -> dict[str, Any]:
+        return {**MATRIX[self.model][self.stage], **dict(self.changes)}
+
+    @property
+    def facts(self) -> dict[str, Any]:
+        base = {"batch_hook": (self.model, self.stage) in BATCH_HOOK_STAGES, "has_finish": False}
+        return {**base, **dict(self.extra)}
+
+    @property
+    def id(self) -> str:
+        name = f"{self.model}.{self.stage}"
+        if self.overrides:
+            name += "[" + ",".join(o.split(".")[-1] if "stages." in o else o for o in self.overrides) + "]"
+        return name
+
+    def cls(self) -> type:
+        return runner_class(self.model, self.stage, self.overrides)
+
+    @property
+    def mtp_accepts_generators_when(self) -> dict[bool, bool]:
+        """``{wrapped: batched call takes generators=[...]}``."""
+        policy = self.caps["mtp_per_row_generators"]
+        return {False: policy in ("always", "eager_only"), True: policy == "always"}
+
+
+def shipped(pred=lambda caps: True) -> list[Variant]:
+    return [Variant(m, s) for m, s in CELLS if pred(MATRIX[m][s])]
+
+
+def ov(
+    model: str,
+    stage: str,
+    *pairs: tuple[str, Any],
+    changes: dict[str, Any] | None = None,
+    extra: dict[str, Any] | None = None,
+    raw: Sequence[str] = (),
+) -> Variant:
+    """A variant: ``pairs`` are ``("mtp.graph", "unsafe")`` under ``model.stages.<stage>``."""
+    overrides = tuple(f"model.stages.{stage}.{key}={value}" for key, value in pairs) + tuple(raw)
+    return Variant(
+        model, stage, overrides, tuple(sorted((changes or {}).items())), tuple(sorted((extra or {}).items()))
+    )
+
+
+def ids(variants: Sequence[Variant]) -> list[str]:
+    return [v.id for v in variants]
+
+
+HOOK_VARIANTS: list[Variant] = shipped(lambda c: c["preprocess_hook"]) + [
+    ov("qwen3_tts", "qwen3_tts", ("preprocess.decode_batch", "none"), changes={"decode_batch": "none"}),
+    ov("moss_tts_local", "talker", ("preprocess.decode_batch", "none"), changes={"decode_batch": "none"}),
+    ov("qwen3_omni", "talker", ("preprocess.decode_batch", "mtp"), changes={"decode_batch": "mtp"}),
+    ov("higgs_audio_v3", "talker", ("preprocess.decode_batch", "none"), changes={"decode_batch": "none"}),
+    ov("minicpmo_4_5", "tts", ("preprocess.decode_batch", "plain"), changes={"decode_batch": "plain"}),
+    ov("qwen2_5_omni", "talker", ("preprocess.decode_batch", "plain"), changes={"decode_batch": "plain"}),
+    ov(
+        "mimo_audio",
+        "fused_thinker_talker",
+        ("preprocess.decode_batch", "plain"),
+        changes={"decode_batch": "plain"},
+    ),
+    ov("higgs_audio_v3", "talker", ("preprocess.batch_hook", "true"), extra={"batch_hook": True}),
+]
+
+PLAIN_BATCH_VARIANTS = [v for v in HOOK_VARIANTS if v.caps["decode_batch"] == "plain"]
+BATCH_VARIANTS = [v for v in HOOK_VARIANTS if v.caps["decode_batch"] != "none"]
+
+MTP_VARIANTS: list[Variant] = shipped(lambda c: c["talker_mtp"]) + [
+    ov(
+        "qwen3_tts",
+        "qwen3_tts",
+        ("mtp.graph", "auto"),
+        changes={"mtp_graph": "unsafe", "mtp_per_row_generators": "always"},
+    ),
+    ov(
+        "qwen3_tts",
+        "qwen3_tts",
+        ("mtp.graph", "unsafe"),
+        ("mtp.per_row_generators", "always"),
+        changes={"mtp_graph": "unsafe", "mtp_per_row_generators": "always"},
+    ),
+    ov(
+        "qwen3_tts",
+        "qwen3_tts",
+        ("mtp.per_row_generators", "never"),
+        changes={"mtp_per_row_generators": "never"},
+    ),
+    ov("qwen3_omni", "talker", ("mtp.graph", "unsafe"), changes={"mtp_graph": "unsafe"}),
+    ov("qwen3_omni", "talker", ("mtp.owns_talker_module", "false"), changes={"mtp_graph": "unsafe"}),
+    ov(
+        "qwen3_omni",
+        "talker",
+        ("mtp.owns_talker_module", "false"),
+        raw=("graph=full",),
+        changes={"mtp_graph": "safe"},
+    ),
+    ov("fish_speech", "slow_ar", raw=("graph=eager",), changes={"mtp_graph": "unsafe"}),
+    ov(
+        "qwen3_tts",
+        "qwen3_tts",
+        ("buffers.gpu_resident", "[codes.audio]"),
+        changes={"gpu_resident_keys": ["codes.audio"]},
+    ),
+    ov("qwen3_omni", "talker", ("buffers.gpu_resident", "[]"), changes={"gpu_resident_keys": []}),
+    ov(
+        "qwen3_tts",
+        "qwen3_tts",
+        ("mtp.hidden_size_from", "hf_text_config.hidden_size"),
+        changes={"mtp_hidden_size_from": "hf_text_config.hidden_size"},
+    ),
+    ov(
+        "qwen3_tts",
+        "qwen3_tts",
+        ("mtp.output_key", "[tok,next]"),
+        changes={"mtp_output_key": ["tok", "next"]},
+    ),
+    ov(
+        "qwen3_omni",
+        "talker",
+        ("mtp.sampling.top_k", "7"),
+        ("mtp.sampling.do_sample", "false"),
+        changes={"mtp_sampling_defaults": True},
+        extra={"sampling": {"do_sample": False, "temperature": None, "top_k": 7, "top_p": None}},
+    ),
+    ov(
+        "qwen3_tts",
+        "qwen3_tts",
+        ("mtp.sampling.temperature", "0.25"),
+        ("mtp.sampling.top_p", "0.5"),
+        ("mtp.sampling.top_k", "3"),
+        ("mtp.sampling.do_sample", "false"),
+        extra={"sampling": {"do_sample": False, "temperature": 0.25, "top_k": 3, "top_p": 0.5}},
+    ),
+]
+
+
+def mtp_codes_gpu_resident(v: Variant) -> bool:
+    return ".".join(v.caps["mtp_output_key"]) in v.caps["gpu_resident_keys"]
+
+
+# -- rows and steps ---------------------------------------------------------------------------
+
+# (prompt_len, computed, span) of each row kind.
+ROW_KINDS: dict[str, tuple[int, int, int]] = {
+    "decode": (5, 5, 1),  # first decode step right after the prompt
+    "decode_late": (3, 9, 1),
+    "tail": (5, 4, 1),  # a 5-token prompt scheduled 4 then 1: still prefill at computed=4
+    "single_prompt": (1, 0, 1),
+    "cached_prefill": (6, 4, 2),  # prefix-cache hit, the rest of the prompt
+    "decode_span2": (3, 6, 2),  # a 2-token decode span
+    "prefill": (4, 0, 4),
+}
+ELIGIBLE_KINDS = {"decode", "decode_late"}
+
+ORDERS: dict[str, list[str]] = {
+    "interleaved": [
+        "decode",
+        "tail",
+        "decode_late",
+        "single_prompt",
+        "decode",
+        "cached_prefill",
+        "decode_late",
+        "decode_span2",
+        "decode",
+    ],
+    "adjacent": [
+        "decode",
+        "decode_late",
+        "decode",
+        "tail",
+        "single_prompt",
+        "cached_prefill",
+        "decode_span2",
+        "prefill",
+    ],
+    "reversed": [
+        "prefill",
+        "decode_span2",
+        "cached_prefill",
+        "single_prompt",
+        "tail",
+        "decode",
+        "decode_late",
+        "decode",
+    ],
+    "split": ["decode", "decode_late", "tail", "decode", "decode_span2", "decode_late", "decode"],
+    "decode_only": ["decode", "decode_late", "decode", "decode_late"],
+    "no_decode": ["tail", "single_prompt", "cached_prefill", "decode_span2", "prefill"],
+}
+
+
+@dataclass
+class RowSpec:
+    req_id: str
+    prompt_len: int
+    computed: int
+    span: int
+    tag: int
+    seed: int | None = None
+    plain_seed: int | None = None
+
+    @property
+    def eligible(self) -> bool:
+        return self.span == 1 and self.computed >= self.prompt_len
+
+    @property
+    def is_prefill(self) -> bool:
+        return self.computed < self.prompt_len
+
+
+def rows_of(kinds: Sequence[str], *, first_tag: int = 1) -> list[RowSpec]:
+    return [
+        RowSpec(f"r{i + first_tag}-{kind}", *ROW_KINDS[kind], tag=i + first_tag)
+        for i, kind in enumerate(kinds)
+    ]
+
+
+def token_id(tag: int, j: int) -> int:
+    return 100 * tag + j
+
+
+def request_state(row: RowSpec) -> CachedRequestState:
+    extra = {"tts_local_seed": row.seed} if row.seed is not None else None
+    params = SamplingParams(seed=row.plain_seed, extra_args=extra)
+    state = CachedRequestState(
+        req_id=row.req_id,
+        prompt_token_ids=[token_id(row.tag, j) for j in range(row.prompt_len)],
+        mm_features=[SimpleNamespace(feature_of=row.req_id)],
+        sampling_params=params,
+        generator=None,
+        block_ids=([],),
+        num_computed_tokens=row.computed,
+        output_token_ids=[7] * max(0, row.computed - row.prompt_len),
+    )
+    return state
+
+
+def scheduler_output(
+    num_scheduled_tokens: dict[str, int] | None = None,
+    *,
+    new: Sequence[Any] = (),
+    cached: CachedRequestData | None = None,
+    finished: Sequence[str] = (),
+) -> SchedulerOutput:
+    tokens = dict(num_scheduled_tokens or {})
+    return SchedulerOutput(
+        scheduled_new_reqs=list(new),
+        scheduled_cached_reqs=cached if cached is not None else CachedRequestData.make_empty(),
+        num_scheduled_tokens=tokens,
+        total_num_scheduled_tokens=sum(tokens.values()),
+        scheduled_spec_decode_tokens={},
+        scheduled_encoder_inputs={},
+        num_common_prefix_blocks=[],
+        finished_req_ids=set(finished),
+        free_encoder_mm_hashes=[],
+    )
+
+
+def new_request(req_id: str, *, buffer: Any = None, info: Any = None, **absent: bool) -> NewRequestData:
+    data = NewRequestData(
+        req_id=req_id,
+        prompt_token_ids=[1, 2, 3],
+        mm_features=[],
+        sampling_params=None,
+        pooling_params=None,
+        block_ids=([],),
+        num_computed_tokens=0,
+        lora_request=None,
+    )
+    if buffer is not None:
+        data.model_intermediate_buffer = buffer
+    if info is not None:
+        data.additional_information = info
+    return data
+
+
+def cached_requests(req_ids: Sequence[str], infos: dict[str, Any] | None) -> CachedRequestData:
+    data = CachedRequestData(
+        req_ids=list(req_ids),
+        resumed_req_ids=set(),
+        new_token_ids=[[] for _ in req_ids],
+        all_token_ids={},
+        new_block_ids=[None for _ in req_ids],
+        num_computed_tokens=[0 for _ in req_ids],
+        num_output_tokens=[0 for _ in req_ids],
+    )
+    if infos is not None:
+        data.additional_information = infos
+    return data
+
+
+@dataclass
+class Step:
+    """One scheduler step over ``rows``: the input batch, persistent buffers and scheduler output."""
+
+    rows: list[RowSpec]
+    offsets: list[int] | None = None
+    """Override of each row's offset (``query_start_loc``); default: cumulative spans."""
+    pad: int = 3
+    hidden: int = HIDDEN
+    input_batch: Any = field(init=False)
+    query_start_loc: CpuGpuBuffer = field(init=False)
+    input_ids: CpuGpuBuffer = field(init=False)
+    inputs_embeds: CpuGpuBuffer = field(init=False)
+    sched: SchedulerOutput = field(init=False)
+    total: int = field(init=False)
+
+    def __post_init__(self) -> None:
+        n = len(self.rows)
+        spans = [r.span for r in self.rows]
+        self.total = int(sum(spans))
+        starts = list(np.cumsum([0] + spans)[:-1]) if self.offsets is None else list(self.offsets)
+        self.offsets = [int(s) for s in starts]
+        self.input_batch = SimpleNamespace(
+            req_ids=[r.req_id for r in self.rows],
+            num_computed_tokens_cpu=np.array(
+                [r.computed for r in self.rows] + [0] * (MAX_REQS - n), dtype=np.int32
+            ),
+            num_prompt_tokens=np.array(
+                [r.prompt_len for r in self.rows] + [0] * (MAX_REQS - n), dtype=np.int32
+            ),
+            req_id_to_index={r.req_id: i for i, r in enumerate(self.rows)},
+        )
+        qsl = CpuGpuBuffer(MAX_REQS + 1, dtype=torch.int32, device=CPU)
+        qsl.np[:n] = self.offsets
+        qsl.np[n] = self.total
+        qsl.copy_to_gpu()
+        self.query_start_loc = qsl
+        size = self.total + self.pad
+        self.input_ids = CpuGpuBuffer(size, dtype=torch.int32, device=CPU)
+        self.inputs_embeds = CpuGpuBuffer(
+            size, self.hidden, dtype=torch.float32, device=CPU, with_numpy=False
+        )
+        self.input_ids.gpu.fill_(-7)
+        self.inputs_embeds.gpu.fill_(-99.0)
+        if self.offsets == [int(s) for s in np.cumsum([0] + spans)[:-1]]:
+            for row, start in zip(self.rows, self.offsets, strict=True):
+                for j in range(row.span):
+                    self.input_ids.gpu[start + j] = token_id(row.tag, j)
+                    self.inputs_embeds.gpu[start + j] = -float(row.tag)
+        else:
+            # Hand-made offsets (3.5): give every slot a distinct value.
+            self.input_ids.gpu[: self.total] = torch.arange(self.total, dtype=torch.int32) + 5000
+            self.inputs_embeds.gpu[: self.total] = torch.arange(self.total, dtype=torch.float32)[:, None]
+        self.input_ids.cpu.copy_(self.input_ids.gpu)
+        self.inputs_embeds.cpu.copy_(self.inputs_embeds.gpu)
+        self.sched = scheduler_output({r.req_id: r.span for r in self.rows})
+
+    def ids(self) -> torch.Tensor:
+        return self.input_ids.gpu[: self.total]
+
+    def embeds(self) -> torch.Tensor:
+        return self.inputs_embeds.gpu[: self.total]
+
+    def row(self, req_id: str) -> RowSpec:
+        return next(r for r in self.rows if r.req_id == req_id)
+
+
+# -- fakes ------------------------------------------------------------------------------------
+
+
+class Recorder:
+    """What happened, in order: ``(kind, detail)`` entries shared by every fake of a test."""
+
+    def __init__(self) -> None:
+        self.events: list[tuple[str, Any]] = []
+
+    def add(self, kind: str, detail: Any = None) -> None:
+        self.events.append((kind, detail))
+
+    def of(self, kind: str) -> list[Any]:
+        return [d for k, d in self.events if k == kind]
+
+    def kinds(self) -> list[str]:
+        return [k for k, _ in self.events]
+
+
+class FakeForwardContext:
+    """Stands in for ``vllm_api.set_forward_context``; records each entry and what ran inside."""
+
+    def __init__(self, recorder: Recorder) -> None:
+        self.recorder = recorder
+        self.active: list[dict[str, Any]] = []
+
+    @contextlib.contextmanager
+    def __call__(self, attn_metadata: Any, vllm_config: Any, **kwargs: Any) -> Iterator[None]:
+        entry = {"attn_metadata": attn_metadata, "vllm_config": vllm_config, **kwargs}
+        self.recorder.add("forward_context", entry)
+        self.active.append(entry)
+        try:
+            yield
+        finally:
+            self.active.pop()
+
+
+class FakeGraphWrapper:
+    """The platform's full-graph wrapper, as the generated code builds it."""
+
+    def __init__(self, runnable: Any, vllm_config: Any, runtime_mode: Any = None, **kwargs: Any) -> None:
+        self.runnable = runnable
+        self.vllm_config = vllm_config
+        self.runtime_mode = runtime_mode
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self.runnable(*args, **kwargs)
+
+
+class FakeDeterminer:
+    """``_determine_batch_execution_and_padding``: FULL mode, padded to the next capture size."""
+
+    def __init__(self, recorder: Recorder, sizes: Sequence[int] = (1, 2, 4, 8, 16, 32)) -> None:
+        self.recorder = recorder
+        self.sizes = sizes
+        self.returned: list[BatchDescriptor] = []
+
+    def __call__(self, **kwargs: Any) -> tuple[Any, ...]:
+        self.recorder.add("determine", kwargs)
+        padded = min(s for s in self.sizes if s >= kwargs["num_tokens"])
+        descriptor = BatchDescriptor(num_tokens=padded, num_reqs=padded, uniform=True)
+        self.returned.append(descriptor)
+        return CUDAGraphMode.FULL, descriptor, False, None, None
+
+
+DEVICE_GET = torch.Tensor.device.__get__
+
+
+class DeviceTensor(torch.Tensor):
+    """A CPU tensor that says it lives on ``cuda:0``; moving it to CPU gives a plain tensor.
+
+    Lets a CPU-only test tell "moved to host" (a plain ``torch.Tensor``) from "kept on the
+    device" (still a ``DeviceTensor``).
+    """
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        if func == DEVICE_GET:
+            return torch.device("cuda", 0)
+        if func in (torch.Tensor.to, torch.Tensor.cpu):
+            target = args[1] if len(args) > 1 else (kwargs or {}).get("device", "cpu")
+            if func is torch.Tensor.cpu or str(target).startswith("cpu"):
+                with torch._C.DisableTorchFunctionSubclass():
+                    return args[0].clone()
+        return super().__torch_function__(func, types, args, kwargs or {})
+
+
+def on_device(t: torch.Tensor) -> torch.Tensor:
+    return t.clone().as_subclass(DeviceTensor)
+
+
+class FakePredictor:
+    """The talker's code predictor: ``(ids, embeds, last_hidden, text_step, **sampling) -> (embeds, codes)``.
+
+    Returned embedding row = ``last_hidden + 0.5``; codes row = ``(last_hidden[0]) * 10 + j``.
+    Each generator handed in gives one draw, so tests can follow random streams.
+    """
+
+    num_codes = 3
+
+    def __init__(
+        self, recorder: Recorder, ctx: FakeForwardContext | None = None, *, codes_on_device: bool = False
+    ) -> None:
+        self.recorder = recorder
+        self.ctx = ctx
+        self.codes_on_device = codes_on_device
+        self.last_codes: torch.Tensor | None = None
+
+    def __call__(self, input_ids, inputs_embeds, last_talker_hidden, text_step, **kwargs):
+        draws: list[float | None] = []
+        gens = kwargs.get("generators")
+        if gens is None:
+            gens = [kwargs.get("generator")]
+        for g in gens:
+            draws.append(None if g is None else float(torch.rand(1, generator=g)))
+        self.recorder.add(
+            "talker_mtp",
+            {
+                "input_ids": input_ids.clone(),
+                "inputs_embeds": inputs_embeds.clone(),
+                "last_talker_hidden": last_talker_hidden.clone(),
+                "text_step": text_step.clone(),
+                "kwargs": dict(kwargs),
+                "draws": draws,
+                "context": dict(self.ctx.active[-1]) if self.ctx and self.ctx.active else None,
+            },
+        )
+        embeds = last_talker_hidden + 0.5
+        codes = last_talker_hidden[:, :1].round().long() * 10 + torch.arange(self.num_codes)
+        if self.codes_on_device:
+            codes = on_device(codes)
+        self.last_codes = codes
+        return embeds, codes
+
+
+class StrictPredictor(FakePredictor):
+    """A predictor that takes no generator arguments at all."""
+
+    def __call__(
+        self,
+        input_ids,
+        inputs_embeds,
+        last_talker_hidden,
+        text_step,
+        *,  # type: ignore[override]
+        do_sample,
+        temperature,
+        top_k,
+        top_p,
+    ):
+        return super().__call__(
+            input_ids,
+            inputs_embeds,
+            last_talker_hidden,
+            text_step,
+            do_sample=do_sample,
+            temperature=temperature,
+            top_k=top_k,
+            top_p=top_p,
+        )
+
+
+def expected_codes(tag: int) -> list[int]:
+    return [(10 * tag + 4) * 10 + j for j in range(FakePredictor.num_codes)]
+
+
+class FakeModel:
+    """A stage model with every hook a runner may call; each call is recorded.
+
+    Values identify who wrote what: the per-row hook writes embeddings ``10*tag+1``, the batch
+    hook ``10*tag+2``; MTP inputs are ``last_hidden=10*tag+4``, ``text_step=10*tag+5``, so the
+    predictor's embedding ``10*tag+4.5`` and codes identify the row they came from.
+    """
+
+    def __init__(
+        self,
+        recorder: Recorder,
+        tags: dict[str, int],
+        *,
+        hidden: int = HIDDEN,
+        mtp: bool = False,
+        short: str | None = None,
+        forward: Any = None,
+    ) -> None:
+        self.recorder = recorder
+        self.tags = tags
+        self.hidden = hidden
+        self.mtp = mtp
+        self.short = short
+        self.forward = forward
+
+    def _full(self, rows: int, value: float) -> torch.Tensor:
+        return torch.full((rows, self.hidden), float(value))
+
+    def preprocess(self, input_ids, input_embeds, **infos):
+        req_id = infos["request_id"]
+        tag = self.tags[req_id]
+        n = int(input_ids.shape[0])
+        self.recorder.add(
+            "preprocess",
+            {
+                "req_id": req_id,
+                "input_ids": input_ids.clone(),
+                "input_embeds": input_embeds.clone(),
+                "infos": dict(infos),
+                "ids_storage": input_ids.untyped_storage().data_ptr(),
+            },
+        )
+        update: dict[str, Any] = {"meta": {"hook": "preprocess", "ids": input_ids.tolist()}}
+        if self.mtp and n == 1:
+            # Offered on every 1-token row: routing a row to the MTP is the runner's decision (3.2).
+            update["mtp_inputs"] = (self._full(1, 10 * tag + 4), self._full(1, 10 * tag + 5))
+        return input_ids + 1000, self._full(n, 10 * tag + 1), update
+
+    def preprocess_decode_batch(self, input_ids, req_infos):
+        req_ids = [infos["request_id"] for infos in req_infos]
+        tags = [self.tags[r] for r in req_ids]
+        self.recorder.add(
+            "preprocess_decode_batch",
+            {
+                "req_ids": req_ids,
+                "input_ids": input_ids.clone(),
+                "infos": [dict(i) for i in req_infos],
+                "ids_storage": input_ids.untyped_storage().data_ptr(),
+            },
+        )
+        n = len(req_ids)
+        ids = input_ids.reshape(-1) + 2000
+        embeds = torch.stack([torch.full((self.hidden,), 10.0 * t + 2) for t in tags])
+        updates = [{"meta": {"hook": "batch", "ids": [int(i)]}} for i in input_ids.reshape(-1).tolist()]
+        if self.short == "ids":
+            ids = ids[: n - 1]
+        elif self.short == "embeds":
+            embeds = embeds[: n - 1]
+        elif self.short == "updates":
+            updates = updates[: n - 1]
+        if not self.mtp:
+            return ids, embeds, updates
+        hidden = torch.stack([torch.full((self.hidden,), 10.0 * t + 4) for t in tags])
+        text = torch.stack([torch.full((self.hidden,), 10.0 * t + 5) for t in tags])
+        return ids, embeds, hidden, text, updates
+
+    def preprocess_batch(self, req_ids, model_intermediate_buffer, device):
+        self.recorder.add("preprocess_batch", {"req_ids": list(req_ids), "buffer": model_intermediate_buffer})
+
+    def update_decode_step_metadata(self, *, input_ids, positions, inputs_embeds, req_ids):
+        self.recorder.add(
+            "update_decode_step_metadata",
+            {
+                "input_ids": input_ids,
+                "positions": positions,
+                "inputs_embeds": inputs_embeds,
+                "req_ids": req_ids,
+            },
+        )
+
+    def finish_decode_step_forward(self):
+        self.recorder.add("finish_decode_step_forward")
+
+    def __call__(self, **kwargs):
+        self.recorder.add("forward", kwargs)
+        if self.forward is None:
+            return kwargs.get("inputs_embeds")
+        return self.forward(**kwargs)
+
+
+# -- runners ----------------------------------------------------------------------------------
+
+
+def bare_runner(cls: type, **attrs: Any) -> Any:
+    """``object.__new__(cls)`` with the omni state ``OmniRunnerBase.__init__`` creates, plus ``attrs``."""
+    runner = object.__new__(cls)
+    runner.model_intermediate_buffer = {}
+    runner._pending_full_payload_send = {}
+    runner._local_stage_payload_cache = {}
+    runner._full_payload_pending_broadcast_req_ids = set()
+    runner._talker_mtp_generators = {}
+    runner.omni_prefix_cache = None
+    runner.requests = {}
+    for name, value in attrs.items():
+        setattr(runner, name, value)
+    return runner
+
+
+def mtp_buffers(
+    rows: int = MAX_REQS, hidden: int = HIDDEN, dtype: torch.dtype = torch.float32
+) -> dict[str, Any]:
+    return {
+        "talker_mtp_input_ids": CpuGpuBuffer(rows, dtype=torch.int32, device=CPU),
+        "talker_mtp_inputs_embeds": CpuGpuBuffer(rows, hidden, dtype=dtype, device=CPU, with_numpy=False),
+        "last_talker_hidden": CpuGpuBuffer(rows, hidden, dtype=dtype, device=CPU, with_numpy=False),
+        "text_step": CpuGpuBuffer(rows, hidden, dtype=dtype, device=CPU, with_numpy=False),
+    }
+
+
+MTP_BUFFER_NAMES = ("talker_mtp_input_ids", "talker_mtp_inputs_embeds", "last_talker_hidden", "text_step")
+
+
+@dataclass
+class Rig:
+    """A runner over one step, with its fakes."""
+
+    runner: Any
+    step: Step
+    model: FakeModel
+    recorder: Recorder
+    predictor: FakePredictor | None
+
+
+def rig(
+    variant: Variant,
+    step: Step,
+    recorder: Recorder,
+    ctx: FakeForwardContext,
+    *,
+    short: str | None = None,
+    buffers: dict[str, dict[str, Any]] | None = None,
+    predictor: FakePredictor | None = None,
+    model_config: Any = None,
+    requests: dict[str, Any] | None = None,
+) -> Rig:
+    caps = variant.caps
+    tags = {r.req_id: r.tag for r in step.rows}
+    model = FakeModel(recorder, tags, hidden=step.hidden, mtp=caps["talker_mtp"], short=short)
+    runner = bare_runner(
+        variant.cls(),
+        model=model,
+        input_batch=step.input_batch,
+        query_start_loc=step.query_start_loc,
+        input_ids=step.input_ids,
+        inputs_embeds=step.inputs_embeds,
+        requests=requests if requests is not None else {r.req_id: request_state(r) for r in step.rows},
+    )
+    for req_id, buf in (buffers or {}).items():
+        runner.model_intermediate_buffer[req_id] = buf
+        if req_id in runner.requests:
+            runner.requests[req_id].additional_information_cpu = buf
+    if caps["talker_mtp"]:
+        predictor = predictor or FakePredictor(recorder, ctx, codes_on_device=True)
+        for name, buf in mtp_buffers(hidden=step.hidden).items():
+            setattr(runner, name, buf)
+        runner.talker_mtp = predictor
+        runner.model.talker_mtp = predictor
+        runner.vllm_config = SimpleNamespace(model_config=model_config or SimpleNamespace())
+        runner._determine_batch_execution_and_padding = FakeDeterminer(recorder)
+    return Rig(runner, step, model, recorder, predictor)
+
+
+# -- snapshots --------------------------------------------------------------------------------
+
+
+def freeze(value: Any) -> Any:
+    """A comparable deep copy: tensors become ``(type, dtype, device, shape, values)``."""
+    if isinstance(value, torch.Tensor):
+        plain = value.detach().as_subclass(torch.Tensor)
+        return (
+            "tensor",
+            type(value).__name__,
+            str(plain.dtype),
+            str(value.device),
+            tuple(plain.shape),
+            plain.float().tolist() if plain.dtype == torch.bfloat16 else plain.tolist(),
+        )
+    if isinstance(value, dict):
+        return ("dict", tuple(sorted(((repr(k), freeze(v)) for k, v in value.items()), key=lambda kv: kv[0])))
+    if isinstance(value, (list, tuple)):
+        return (type(value).__name__, tuple(freeze(v) for v in value))
+    if isinstance(value, np.ndarray):
+        return ("ndarray", str(value.dtype), value.tolist())
+    if isinstance(value, CpuGpuBuffer):
+        return ("CpuGpuBuffer", freeze(value.cpu), freeze(value.gpu))
+    return ("value", type(value).__name__, value)
+
+
+def runner_state(runner: Any) -> Any:
+    """Everything a preprocess step may write, frozen."""
+    state: dict[str, Any] = {
+        "model_intermediate_buffer": freeze(runner.model_intermediate_buffer),
+        "buffer_ids": {k: id(v) for k, v in runner.model_intermediate_buffer.items()},
+        "mirrors": {
+            k: id(getattr(r, "additional_information_cpu", None)) for k, r in runner.requests.items()
+        },
+        "input_ids": freeze(runner.input_ids),
+        "inputs_embeds": freeze(runner.inputs_embeds),
+        "query_start_loc": freeze(runner.query_start_loc),
+        "generators": sorted(runner._talker_mtp_generators),
+    }
+    for name in MTP_BUFFER_NAMES:
+        if name in vars(runner):
+            state[name] = freeze(getattr(runner, name))
+    return state
