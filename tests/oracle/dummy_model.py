@@ -77,6 +77,13 @@ class ModelFlags:
                                       class name, nothing else)
       multimodal_inputs            -> requires_raw_input_tokens = False and embed_input_ids
                                       (used by vLLM's multimodal path)
+
+    One switch is the dummy's own behaviour, not something a runner probes:
+      empty_first_update           -> the hooks may return an empty update for a request whose
+                                      infos carry no ``meta`` yet (no buffer content so far); with
+                                      False, an empty update comes only once the request's infos
+                                      have a ``meta`` (the rule of which steps are empty is
+                                      otherwise the same)
     """
 
     has_preprocess: bool = True
@@ -97,6 +104,7 @@ class ModelFlags:
     decode_step_metadata: bool = False
     attach_request_features: bool = False
     multimodal_inputs: bool = False
+    empty_first_update: bool = True
 
     def __post_init__(self) -> None:
         if self.decode_batching not in ("none", "mtp", "plain"):
@@ -115,21 +123,38 @@ class DummyCodePredictor:
     def __init__(self, owner: DummyTalkerModel) -> None:
         self.owner = owner
 
+    # The keyword arguments a runner may pass; the call log lists which ones it did pass
+    # (``kwargs``), so ``generator=None`` passed explicitly differs from no ``generator``.
+    KEYWORDS = (
+        "do_sample",
+        "temperature",
+        "top_k",
+        "top_p",
+        "generator",
+        "generators",
+        "req_ids",
+        "req_infos",
+    )
+
     def __call__(
         self,
         input_ids: torch.Tensor,
         inputs_embeds: torch.Tensor,
         last_talker_hidden: torch.Tensor,
         text_step: torch.Tensor,
-        do_sample: Any = None,
-        temperature: Any = None,
-        top_k: Any = None,
-        top_p: Any = None,
-        generator: torch.Generator | None = None,
-        generators: list[torch.Generator | None] | None = None,
-        req_ids: list[str] | None = None,
-        req_infos: list[dict] | None = None,
+        **kwargs: Any,
     ) -> tuple[torch.Tensor, torch.Tensor]:
+        unknown = sorted(set(kwargs) - set(self.KEYWORDS))
+        if unknown:
+            raise TypeError(f"talker_mtp() got unexpected keyword arguments {unknown}")
+        do_sample = kwargs.get("do_sample")
+        temperature = kwargs.get("temperature")
+        top_k = kwargs.get("top_k")
+        top_p = kwargs.get("top_p")
+        generator: torch.Generator | None = kwargs.get("generator")
+        generators: list[torch.Generator | None] | None = kwargs.get("generators")
+        req_ids: list[str] | None = kwargs.get("req_ids")
+        req_infos: list[dict] | None = kwargs.get("req_infos")
         model = self.owner
         rows = int(input_ids.shape[0])
         ids = input_ids.reshape(-1).to(torch.int64)
@@ -139,7 +164,9 @@ class DummyCodePredictor:
             if do_sample is False:
                 codes[row] = (ids[row] * 13 + torch.arange(NUM_CODES)) % limit
                 continue
-            if generators is not None and generators[row] is not None:
+            # A graph-wrapped predictor is handed a batch padded past the real rows; the
+            # padding rows have no entry in ``generators``.
+            if generators is not None and row < len(generators) and generators[row] is not None:
                 gen = generators[row]
             elif generator is not None:
                 gen = generator
@@ -159,6 +186,7 @@ class DummyCodePredictor:
             sampling=(do_sample, temperature, top_k, top_p),
             forward_context=model.forward_context_stack[-1] if model.forward_context_stack else None,
             req_info_keys=None if req_infos is None else [sorted(i) for i in req_infos],
+            kwargs=sorted(kwargs),
             codes=codes.tolist(),
         )
         return embeds.to(inputs_embeds.dtype), codes
@@ -295,9 +323,10 @@ class DummyTalkerModel:
 
     def _update(self, infos: dict, emb: torch.Tensor, span: int) -> dict:
         rid, _, computed, _ = self._phase(infos)
-        if (stable_code(rid) + computed) % 7 == 0:
+        meta = infos.get("meta") if isinstance(infos.get("meta"), dict) else None
+        if (stable_code(rid) + computed) % 7 == 0 and (self.flags.empty_first_update or meta is not None):
             return {}  # an empty update: the runner must cope (and write nothing)
-        meta = infos.get("meta") if isinstance(infos.get("meta"), dict) else {}
+        meta = meta or {}
         return {
             "meta": {"steps_seen": int(meta.get("steps_seen", 0) or 0) + 1, "last_span": span},
             "hidden_states": {"last": emb[-1:].clone()},
@@ -420,10 +449,15 @@ class DummyTalkerModel:
         self.last_forward_output = out
         return out
 
-    def _update_decode_step_metadata(
-        self, input_ids=None, positions=None, inputs_embeds=None, req_ids=None, **kw
-    ):
-        self._log("update_decode_step_metadata", rows=len(req_ids or ()), req_ids=list(req_ids or ()))
+    def _update_decode_step_metadata(self, **kwargs):
+        # Keyword-only, as both runners call it; the log lists the names passed.
+        req_ids = kwargs.get("req_ids")
+        self._log(
+            "update_decode_step_metadata",
+            rows=len(req_ids or ()),
+            req_ids=list(req_ids or ()),
+            kwargs=sorted(kwargs),
+        )
 
     def _finish_decode_step_forward(self) -> None:
         self._log("finish_decode_step_forward", rows=0)

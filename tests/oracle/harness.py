@@ -43,7 +43,7 @@ import copy
 import dataclasses
 import random
 import types
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Any
@@ -994,14 +994,26 @@ def _changed(before: tuple[Any, Any] | None, value: Any) -> bool:
     return old != value
 
 
-def run_step(runner: Any, state: RunState, step: Step) -> Observation:
-    """Apply one scheduler step, call ``_preprocess`` (and the forward), observe."""
+def run_step(
+    runner: Any,
+    state: RunState,
+    step: Step,
+    after_apply: Callable[[Any, Step], None] | None = None,
+) -> Observation:
+    """Apply one scheduler step, call ``_preprocess`` (and the forward), observe.
+
+    ``after_apply(runner, step)``, when given, runs after the harness has laid the step out
+    (batch, ``query_start_loc``, ids) and before ``_preprocess``: a test uses it to corrupt
+    one step's layout on purpose.
+    """
     model: DummyTalkerModel = runner.model
     policy = state.policy
     _RECORDER.forward_contexts.clear()
     _RECORDER.batch_padding_calls.clear()
     log_start = len(model.calls)
     sched = _apply_step(runner, state, step)
+    if after_apply is not None:
+        after_apply(runner, step)
     key = _out_key(policy)
     before = _codes_before(runner, key)
     error = None
@@ -1089,6 +1101,7 @@ def run_scenario(
     extra_patch_modules: Sequence[types.ModuleType] = (),
     steps: int | None = None,
     info: dict[str, Any] | None = None,
+    after_apply: Callable[[Any, Step], None] | None = None,
 ) -> list[Observation]:
     """Build a runner of ``cls`` for ``policy`` and replay ``scenario`` through it.
 
@@ -1096,7 +1109,8 @@ def run_scenario(
     ``model.clone()`` (or a ``reset()`` one) to give two runners identical models.
     ``extra_patch_modules``: modules of the runner under test whose imported
     ``get_pp_group`` / ``set_forward_context`` / ``CUDAGraphWrapper`` names must be
-    patched too. ``info`` receives build facts (see ``build_runner``).
+    patched too. ``info`` receives build facts (see ``build_runner``). ``after_apply`` is
+    handed to every ``run_step``.
     """
     model = model if model is not None else make_model(policy.flags, seed=model_seed)
     with harness_patches(extra_patch_modules):
@@ -1110,7 +1124,7 @@ def run_scenario(
         )
         state = RunState(scenario, policy)
         todo = scenario.steps if steps is None else scenario.steps[:steps]
-        return [run_step(runner, state, step) for step in todo]
+        return [run_step(runner, state, step, after_apply) for step in todo]
 
 
 # =============================================================================
@@ -1126,6 +1140,12 @@ class KeyMapping:
     info_drop:            request-info key names removed from the hook call log's ``keys`` lists.
     forward_kwargs_drop:  kwarg names removed from the ``forward`` call log's ``kwargs`` list.
     fields_skip:          Observation fields not compared at all.
+    adjust:               callables ``fn(left, right)`` run in order on the two normalized
+                          observations (dicts of Observation fields, after the drops above;
+                          containers copied, so a callable may edit dicts and lists of either
+                          side in place, never a tensor). For differences that a key drop
+                          cannot state precisely: one side only, or only under a condition.
+                          Give each a name and a docstring.
     """
 
     buffer_drop: frozenset[str] = frozenset()
@@ -1133,6 +1153,7 @@ class KeyMapping:
     forward_kwargs_drop: frozenset[str] = frozenset()
     fields_skip: frozenset[str] = frozenset()
     doc: str = ""
+    adjust: tuple[Callable[[dict[str, Any], dict[str, Any]], None], ...] = ()
 
 
 IDENTITY = KeyMapping(doc="compare everything (oracle vs oracle)")
@@ -1241,9 +1262,25 @@ def _diff(a: Any, b: Any, path: str, out: list[str], limit: int = 40) -> None:
         out.append(f"{path}: {_fmt(a)} != {_fmt(b)}{suffix}")
 
 
+def _copy_containers(value: Any) -> Any:
+    """Dicts, lists and tuples rebuilt, leaves (tensors, scalars) shared: adjusters edit containers."""
+    if isinstance(value, dict):
+        return {k: _copy_containers(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_copy_containers(v) for v in value]
+    if isinstance(value, tuple):
+        return tuple(_copy_containers(v) for v in value)
+    return value
+
+
 def differences(obs_a: Observation, obs_b: Observation, mapping: KeyMapping = IDENTITY) -> list[str]:
     out: list[str] = []
-    _diff(_normalize(obs_a, mapping), _normalize(obs_b, mapping), "obs", out)
+    left, right = _normalize(obs_a, mapping), _normalize(obs_b, mapping)
+    if mapping.adjust:
+        left, right = _copy_containers(left), _copy_containers(right)
+        for fn in mapping.adjust:
+            fn(left, right)
+    _diff(left, right, "obs", out)
     return out
 
 

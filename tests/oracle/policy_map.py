@@ -34,7 +34,7 @@ Plan field -> what the oracle is told:
 
 What the oracle cannot express raises ``Unexpressible``: a hook stage that does
 not refresh its buffers every step; payload sync before the rows that differs
-from "not async_chunk" (the oracle syncs in _preprocess exactly then).
+from "refreshes and not async_chunk" (the oracle syncs in _preprocess exactly then).
 """
 
 from __future__ import annotations
@@ -65,9 +65,13 @@ def policy_from_plan(
     mtp = plan.mtp
     if plan.preprocess_hook and not plan.refresh_every_step:
         raise Unexpressible("the oracle refreshes buffers every step on any stage with a preprocess hook")
-    if bool(getattr(plan, "sync_payloads_before_rows", not plan.async_chunk)) != (not plan.async_chunk):
+    # The oracle's sync sits inside its buffer-refresh block: a stage that neither has a hook
+    # nor refreshes never syncs before the rows, whatever async_chunk says.
+    oracle_syncs = bool(plan.preprocess_hook or plan.refresh_every_step) and not plan.async_chunk
+    if bool(getattr(plan, "sync_payloads_before_rows", oracle_syncs)) != oracle_syncs:
         raise Unexpressible(
-            "the oracle syncs local stage payloads before the rows exactly when not async_chunk"
+            "the oracle syncs local stage payloads before the rows exactly when it refreshes "
+            "buffers (hook or refresh_every_step) and not async_chunk"
         )
     gpu_keys = {tuple(k) for k in plan.gpu_resident_keys}
     flags: dict[str, Any] = {
