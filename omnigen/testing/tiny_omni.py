@@ -1,13 +1,20 @@
 """Tiny, real vLLM models shaped like omni stages, for end-to-end engine tests.
 
-Two architectures, registered out of tree by :func:`omnigen.plugin.register`:
+Two architectures, registered out of tree by :func:`omnigen.plugin.register` (the
+``vllm.general_plugins`` entry point), served by the generated workers of
+``conf/model/omnigen_tiny.yaml``:
 
 * ``OmnigenTinyTalkerForConditionalGeneration`` (:class:`OmnigenTinyTalker`): an
   autoregressive talker. Llama trunk (vLLM's own ``LlamaModel``: real paged
   attention, KV cache, chunked prefill), vLLM logits/sampler on the text hidden
   states, and the talker hooks of CONTRACT.md sections 2-3: ``preprocess``,
   ``preprocess_decode_batch`` (5-tuple with MTP, 3-tuple without) and a
-  ``talker_mtp`` code predictor.
+  ``talker_mtp`` code predictor. Its forward emits one row of codes per token
+  (``multimodal_outputs["codes.audio"]``: the codes the predictor wrote into the
+  row's buffer this step, ``-1`` placeholders for prefill tokens), which the
+  generated runner accumulates per request as the full payload for the next stage;
+  :func:`talker_to_code2wav` (the stage's declared ``next_stage_input``) turns that
+  payload into the code2wav prompt.
 * ``OmnigenTinyCode2Wav`` (:class:`OmnigenTinyCode2Wav`): a generation stage. The
   prompt is a sequence of codec codes; every forward turns each scheduled code
   into ``hop_length`` audio samples (``multimodal_outputs["audio"]``, one row per
@@ -16,14 +23,20 @@ Two architectures, registered out of tree by :func:`omnigen.plugin.register`:
 
 Which hooks exist and which variant they follow is read from the HF config that
 :func:`write_tiny_config` writes at test time (``omnigen_*`` keys), so one class
-covers every talker flavour. Weights are random (``load_format="dummy"``) and
-there is no tokenizer (``skip_tokenizer_init=True``; prompts are token ids).
+covers every talker flavour; :data:`VARIANT_OVERRIDES` pairs each variant with the
+omnigen overrides that generate the matching runner (:func:`worker_cls`). Weights
+are random (``load_format="dummy"``) and there is no tokenizer
+(``skip_tokenizer_init=True``; prompts are token ids).
+
+Like a real talker, ``preprocess`` builds a row's embeddings from its ``input_ids``
+(``embed_input_ids``): the runner hands it the persistent ``inputs_embeds`` buffer,
+which vLLM does not fill for a text-only model.
 
 Every model keeps an :class:`OmniRecord` at ``model.omni_record``: each forward
 (tokens, positions, phase), each hook call (rows, request ids, spans, prefill
-flags, computed counts), each code-predictor call (batch size, generators,
-codes) and any call to a hook the config disabled. Read it through the engine
-with ``llm.apply_model(lambda m: m.omni_record.snapshot())`` or
+flags, computed counts), each code-predictor call (batch size, the rows' request
+ids, generators, codes), the codes emitted per request, and any call to a hook the
+config disabled. Read it through the engine with
 ``llm.collective_rpc(lambda w: w.model_runner.model.omni_record.snapshot())``.
 """
 
@@ -31,7 +44,7 @@ from __future__ import annotations
 
 import copy
 import os
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -63,7 +76,8 @@ TINY_SHAPE: dict[str, Any] = dict(
 
 # Knob presets, by the stage they imitate (MODELS.md "Per-stage policies").
 VARIANTS: dict[str, dict[str, Any]] = {
-    # qwen3_tts / moss_tts_local: per-row hook, MTP, batched decode (5-tuple hook).
+    # qwen3_tts / moss_tts_local: per-row hook, MTP, batched decode (5-tuple hook),
+    # a predictor taking per-row generators. conf/model/omnigen_tiny.yaml as committed.
     "mtp_batched": dict(
         omnigen_stage="talker",
         omnigen_preprocess=True,
@@ -71,7 +85,7 @@ VARIANTS: dict[str, dict[str, Any]] = {
         omnigen_decode_batch="mtp",
         omnigen_mtp_per_row_generators=True,
     ),
-    # qwen3_omni talker: per-row hook, MTP, no batched decode hook.
+    # qwen3_omni talker: per-row hook, MTP, no batched decode hook, one shared generator.
     "mtp_per_row": dict(
         omnigen_stage="talker",
         omnigen_preprocess=True,
@@ -80,11 +94,11 @@ VARIANTS: dict[str, dict[str, Any]] = {
         omnigen_mtp_per_row_generators=False,
     ),
     # higgs_audio_v3 talker: per-row hook, no MTP, batched decode (3-tuple hook).
-    "batched_no_mtp": dict(
+    "batched_plain": dict(
         omnigen_stage="talker",
         omnigen_preprocess=True,
         omnigen_mtp=False,
-        omnigen_decode_batch="no_mtp",
+        omnigen_decode_batch="plain",
         omnigen_mtp_per_row_generators=False,
     ),
     # a code2wav / codec decoder: no talker hooks at all.
@@ -104,7 +118,79 @@ KNOB_DEFAULTS: dict[str, Any] = dict(
     omnigen_hop_length=4,
 )
 
-_DECODE_BATCH_MODES = ("none", "mtp", "no_mtp")
+_DECODE_BATCH_MODES = ("none", "mtp", "plain")
+
+TINY_MODEL = "omnigen_tiny"
+"""The omnigen model config (``conf/model/omnigen_tiny.yaml``) whose runners serve these models."""
+
+_TALKER = "model.stages.talker"
+VARIANT_OVERRIDES: dict[str, tuple[str, ...]] = {
+    # The committed config: per-row hook + decode_batch=mtp + MTP, per_row_generators=always.
+    "mtp_batched": (),
+    "mtp_per_row": (
+        f"{_TALKER}.preprocess.decode_batch=none",
+        f"{_TALKER}.mtp.per_row_generators=never",
+    ),
+    "batched_plain": (
+        f"{_TALKER}.preprocess.decode_batch=plain",
+        f"{_TALKER}.mtp.enabled=false",
+        f"{_TALKER}.mtp.per_row_generators=never",
+    ),
+    "code2wav": (),
+}
+"""Each variant's omnigen overrides of ``conf/model/omnigen_tiny.yaml``: the generated runner
+whose policies match the hooks that variant's HF config turns on."""
+
+VARIANT_STAGES: dict[str, str] = {
+    "mtp_batched": "talker",
+    "mtp_per_row": "talker",
+    "batched_plain": "talker",
+    "code2wav": "code2wav",
+}
+
+PLACEHOLDER_CODE = -1
+"""A prefill token's row in the talker's ``codes.audio`` payload (the consumer crops it)."""
+
+CODE2WAV_TOKEN_BASE = 16
+"""Code2wav prompt id of code ``c`` of codebook ``k``: ``CODE2WAV_TOKEN_BASE + k * codebook_size + c``."""
+
+
+def worker_cls(variant: str) -> str:
+    """The ``worker_cls`` vLLM loads for ``variant``: the committed generated worker for the
+    committed config, else an in-memory variant from :func:`omnigen.api.worker_cls_name`
+    (which needs the worker built in this process: ``VLLM_ENABLE_V1_MULTIPROCESSING=0``)."""
+    from omnigen import api
+
+    if variant not in VARIANT_OVERRIDES:
+        raise ValueError(f"unknown variant {variant!r}; known: {sorted(VARIANT_OVERRIDES)}")
+    return api.worker_cls_name(TINY_MODEL, VARIANT_STAGES[variant], VARIANT_OVERRIDES[variant])
+
+
+def talker_to_code2wav(payload: dict[str, Any], request: Any = None) -> list[int]:
+    """The talker's full payload -> the code2wav stage's prompt token ids (``next_stage_input``).
+
+    ``payload`` is what the talker runner accumulated for one request
+    (``_materialize_full_payload_entry``): ``codes.audio`` (or nested ``codes``/``audio``), one
+    row of ``num_codebooks`` codes per scheduled token. Placeholder rows (prefill tokens, any
+    negative code) are cropped here, as a real consumer crops; each remaining frame becomes
+    ``num_codebooks`` prompt ids, frame by frame, codebook ``k`` offset by ``k * codebook_size``.
+    """
+    del request
+    codes = payload.get("codes.audio")
+    if codes is None and isinstance(payload.get("codes"), dict):
+        codes = payload["codes"].get("audio")
+    if not isinstance(codes, torch.Tensor) or codes.dim() != 2:
+        raise ValueError(
+            f"talker_to_code2wav: expected codes.audio as a (frames, codebooks) tensor, got "
+            f"{type(codes).__name__}{'' if codes is None else getattr(codes, 'shape', '')}"
+        )
+    codes = codes.detach().to("cpu", torch.long)
+    frames = codes[(codes >= 0).all(dim=-1)]
+    codebook_size = int(KNOB_DEFAULTS["omnigen_codebook_size"])
+    if frames.numel() and int(frames.max()) >= codebook_size:
+        raise ValueError(f"talker_to_code2wav: code {int(frames.max())} >= codebook size {codebook_size}")
+    offsets = torch.arange(frames.shape[1], dtype=torch.long) * codebook_size
+    return (frames + offsets + CODE2WAV_TOKEN_BASE).reshape(-1).tolist()
 
 
 @dataclass(frozen=True)
@@ -114,7 +200,7 @@ class TalkerVariant:
     stage: str
     preprocess: bool
     mtp: bool
-    decode_batch: str  # "none" | "mtp" (5-tuple hook) | "no_mtp" (3-tuple hook)
+    decode_batch: str  # "none" | "mtp" (5-tuple hook) | "plain" (3-tuple hook)
     mtp_per_row_generators: bool
     num_codebooks: int
     codebook_size: int
@@ -147,8 +233,8 @@ class TalkerVariant:
             )
         if self.decode_batch == "mtp" and not self.mtp:
             raise ValueError("omnigen_decode_batch='mtp' needs omnigen_mtp=True")
-        if self.decode_batch == "no_mtp" and self.mtp:
-            raise ValueError("omnigen_decode_batch='no_mtp' needs omnigen_mtp=False")
+        if self.decode_batch == "plain" and self.mtp:
+            raise ValueError("omnigen_decode_batch='plain' needs omnigen_mtp=False")
         if self.mtp_per_row_generators and not self.mtp:
             raise ValueError("omnigen_mtp_per_row_generators needs omnigen_mtp=True")
 
@@ -200,9 +286,9 @@ class _Namespace:
 class OmniRecord:
     """What a tiny model saw, step by step. Plain Python values only.
 
-    A *step* is one forward of the model; hooks called before a forward belong to
-    that forward's step (hooks run in the runner's ``_preprocess``). Calls made
-    with no forward following them yet stay in ``pending``.
+    A *step* is one forward of the model; hooks and predictor calls made before a
+    forward belong to that forward's step (they run in the runner's ``_preprocess``).
+    Calls made with no forward following them yet stay in ``pending``.
     """
 
     def __init__(self) -> None:
@@ -215,11 +301,16 @@ class OmniRecord:
         self.mtp_calls: list[dict[str, Any]] = []
         self.errors: list[str] = []
         self.request_ids: list[str] = []
+        self.codes: dict[str, list[list[int]]] = {}
+        """Talker: the codes the forward emitted per request, one frame per decode step."""
 
     def _see(self, req_ids: Iterable[Any]) -> None:
         for rid in req_ids:
             if rid is not None and rid not in self.request_ids:
                 self.request_ids.append(str(rid))
+
+    def error(self, msg: str) -> None:
+        self.errors.append(f"step {self.step}: {msg}")
 
     def hook(self, name: str, spans: list[int], infos: list[dict[str, Any]]) -> None:
         req_ids = [info.get("request_id") for info in infos]
@@ -238,13 +329,29 @@ class OmniRecord:
             }
         )
 
+    def step_rows(self) -> list[tuple[Any, int, bool | None]]:
+        """``(request_id, span, is_prefill)`` of each row the hooks saw this step, in call order."""
+        return [
+            (rid, span, pre)
+            for call in self.hook_calls
+            if call["step"] == self.step
+            for rid, span, pre in zip(call["req_ids"], call["spans"], call["is_prefill"], strict=True)
+        ]
+
     def mtp(
-        self, batch: int, generator: Any, generators: Any, sampling: dict[str, Any], codes: torch.Tensor
+        self,
+        batch: int,
+        req_ids: list[Any],
+        generator: Any,
+        generators: Any,
+        sampling: dict[str, Any],
+        codes: torch.Tensor,
     ) -> None:
         self.mtp_calls.append(
             {
                 "step": self.step,
                 "batch": batch,
+                "req_ids": list(req_ids),
                 "generator": generator is not None,
                 "generators": None if generators is None else [g is not None for g in generators],
                 "sampling": dict(sampling),
@@ -252,8 +359,22 @@ class OmniRecord:
             }
         )
 
+    def step_mtp_codes(self) -> dict[Any, list[int]]:
+        """This step's predictor codes by request id (the rows' ids as :meth:`mtp` mapped them)."""
+        found: dict[Any, list[int]] = {}
+        for call in self.mtp_calls:
+            if call["step"] == self.step:
+                found.update(zip(call["req_ids"], call["codes"], strict=False))
+        return found
+
     def forward(
-        self, num_tokens: int, positions: torch.Tensor | None, used_embeds: bool, extra_kwargs: list[str]
+        self,
+        num_tokens: int,
+        positions: torch.Tensor | None,
+        used_embeds: bool,
+        extra_kwargs: list[str],
+        tokens: torch.Tensor | None = None,
+        payload: dict[str, Any] | None = None,
     ) -> None:
         hooks = [c for c in self.hook_calls if c["step"] == self.step]
         flags = [f for c in hooks for f in c["is_prefill"]]
@@ -265,23 +386,26 @@ class OmniRecord:
             phase = "decode"
         else:
             phase = "mixed"
+        pos = [] if positions is None else positions.reshape(-1)[:num_tokens].tolist()
         self.forwards.append(
             {
                 "step": self.step,
                 "num_tokens": int(num_tokens),
-                "positions": [] if positions is None else positions.reshape(-1)[:num_tokens].tolist(),
+                "positions": pos,
+                "tokens": None if tokens is None else tokens.reshape(-1)[:num_tokens].tolist(),
                 "used_embeds": used_embeds,
                 "phase": phase,
                 "hook_rows": sum(c["rows"] for c in hooks),
                 "mtp_rows": sum(c["batch"] for c in self.mtp_calls if c["step"] == self.step),
                 "extra_kwargs": sorted(extra_kwargs),
+                "payload": {k: _describe(v) for k, v in (payload or {}).items()},
             }
         )
         self.step += 1
 
     def misuse(self, what: str) -> RuntimeError:
         msg = f"{what} is disabled by this model's config"
-        self.errors.append(msg)
+        self.error(msg)
         return RuntimeError(msg)
 
     def snapshot(self) -> dict[str, Any]:
@@ -293,9 +417,24 @@ class OmniRecord:
                 "mtp_calls": self.mtp_calls,
                 "errors": self.errors,
                 "request_ids": self.request_ids,
+                "codes": self.codes,
                 "pending_hook_calls": [c for c in self.hook_calls if c["step"] == self.step],
             }
         )
+
+
+def _describe(value: Any) -> Any:
+    """A payload entry as plain values: shape, dtype and a checksum for a tensor."""
+    if isinstance(value, torch.Tensor):
+        return {
+            "shape": list(value.shape),
+            "dtype": str(value.dtype).removeprefix("torch."),
+            "abs_sum": float(value.detach().abs().sum().item()),
+            "nonzero_rows": int((value.detach().reshape(value.shape[0], -1) != 0).any(dim=-1).sum().item())
+            if value.dim() >= 1 and value.shape[0]
+            else 0,
+        }
+    return repr(value)
 
 
 def _as_bool(value: Any) -> bool | None:
@@ -350,7 +489,14 @@ class TinyCodePredictor(nn.Module):
     request reproduces its codes whatever else shares the batch.
     """
 
-    def __init__(self, hidden_size: int, num_codebooks: int, codebook_size: int, record: OmniRecord) -> None:
+    def __init__(
+        self,
+        hidden_size: int,
+        num_codebooks: int,
+        codebook_size: int,
+        record: OmniRecord,
+        row_ids: Callable[[int], list[Any]] | None = None,
+    ) -> None:
         super().__init__()
         self.num_codebooks = num_codebooks
         self.heads = nn.ModuleList(
@@ -360,6 +506,9 @@ class TinyCodePredictor(nn.Module):
             nn.Embedding(codebook_size, hidden_size) for _ in range(num_codebooks)
         )
         self._record = record
+        # Which requests the rows of a call are (for the record): the talker knows its
+        # step's MTP-routed rows; the predictor itself sees only tensors.
+        self._row_ids = row_ids if row_ids is not None else (lambda batch: [None] * batch)
 
     def forward(
         self,
@@ -422,6 +571,7 @@ class TinyCodePredictor(nn.Module):
         codes_t = torch.stack(codes, dim=-1)
         self._record.mtp(
             batch,
+            self._row_ids(batch),
             generator,
             generators,
             {"do_sample": do_sample, "temperature": temperature, "top_k": top_k, "top_p": top_p},
@@ -497,18 +647,30 @@ class _TinyLlamaStage(nn.Module):
         positions: torch.Tensor,
         intermediate_tensors: Any,
         inputs_embeds: torch.Tensor | None,
-        extra_kwargs: dict[str, Any],
     ) -> torch.Tensor:
         hidden = self.model(input_ids, positions, intermediate_tensors, inputs_embeds)
         if not isinstance(hidden, torch.Tensor):
             raise TypeError(f"tiny omni models run on one pipeline rank; trunk gave {type(hidden).__name__}")
+        return hidden
+
+    def _finish_forward(
+        self,
+        hidden: torch.Tensor,
+        input_ids: torch.Tensor | None,
+        positions: torch.Tensor,
+        inputs_embeds: torch.Tensor | None,
+        extra_kwargs: dict[str, Any],
+        payload: dict[str, Any],
+    ) -> OmniOutput:
         self.omni_record.forward(
             num_tokens=hidden.shape[0],
             positions=positions,
             used_embeds=inputs_embeds is not None,
             extra_kwargs=list(extra_kwargs),
+            tokens=input_ids,
+            payload=payload,
         )
-        return hidden
+        return OmniOutput(text_hidden_states=hidden, multimodal_outputs=payload)
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
         from vllm.model_executor.models.utils import AutoWeightsLoader
@@ -529,7 +691,11 @@ class OmnigenTinyTalker(_TinyLlamaStage):
                 TinyCodePredictor if v.mtp_per_row_generators else TinyCodePredictorSharedGenerator
             )
             self.talker_mtp = predictor_cls(
-                self.config.hidden_size, v.num_codebooks, v.codebook_size, self.omni_record
+                self.config.hidden_size,
+                v.num_codebooks,
+                v.codebook_size,
+                self.omni_record,
+                row_ids=self._mtp_row_ids,
             )
 
     def forward(
@@ -540,8 +706,59 @@ class OmnigenTinyTalker(_TinyLlamaStage):
         inputs_embeds: torch.Tensor | None = None,
         **kwargs: Any,
     ) -> OmniOutput:
-        hidden = self._trunk(input_ids, positions, intermediate_tensors, inputs_embeds, kwargs)
-        return OmniOutput(text_hidden_states=hidden, multimodal_outputs={"talker_hidden": hidden})
+        hidden = self._trunk(input_ids, positions, intermediate_tensors, inputs_embeds)
+        codes = self._step_codes(int(hidden.shape[0]), hidden.device, kwargs.get("model_intermediate_buffer"))
+        return self._finish_forward(
+            hidden, input_ids, positions, inputs_embeds, kwargs, {"codes.audio": codes}
+        )
+
+    def _mtp_routed(self, span: int, is_prefill: bool | None) -> bool:
+        return self.variant.mtp and span == 1 and is_prefill is False
+
+    def _mtp_row_ids(self, batch: int) -> list[Any]:
+        """The request ids of the next ``batch`` MTP rows of this step (row order, CONTRACT 3.4)."""
+        record = self.omni_record
+        routed = [rid for rid, span, pre in record.step_rows() if self._mtp_routed(span, pre)]
+        done = sum(len(call["req_ids"]) for call in record.mtp_calls if call["step"] == record.step)
+        ids = routed[done : done + batch]
+        return ids + [None] * (batch - len(ids))
+
+    def _step_codes(self, num_tokens: int, device: torch.device, buffers: Any) -> torch.Tensor:
+        """One row of codes per token: an MTP row's codes from its buffer, else placeholders.
+
+        The runner hands the rows' buffers in batch order (``model_intermediate_buffer``);
+        the codes there must be the ones the predictor produced this step for that request.
+        """
+        record = self.omni_record
+        codes = torch.full((num_tokens, self.variant.num_codebooks), PLACEHOLDER_CODE, dtype=torch.long)
+        rows = record.step_rows()
+        if not rows:  # vLLM's dummy/profile runs call the model without the runner's preprocess
+            return codes.to(device)
+        if not isinstance(buffers, (list, tuple)) or len(buffers) != len(rows):
+            record.error(
+                f"forward got {type(buffers).__name__} buffers for {len(rows)} rows "
+                f"({0 if not isinstance(buffers, (list, tuple)) else len(buffers)} given)"
+            )
+            return codes.to(device)
+        predicted = record.step_mtp_codes()
+        offset = 0
+        for (req_id, span, is_prefill), buffer in zip(rows, buffers, strict=True):
+            if buffer.get("request_id") != req_id:
+                record.error(f"row buffer of {buffer.get('request_id')!r} where the hooks saw {req_id!r}")
+            elif self._mtp_routed(span, is_prefill):
+                held = (buffer.get("codes") or {}).get("audio")
+                frame = None if held is None else held.reshape(-1).tolist()
+                if frame is None or frame != predicted.get(req_id):
+                    record.error(
+                        f"{req_id}: buffer codes {frame} are not this step's {predicted.get(req_id)}"
+                    )
+                elif offset < num_tokens:
+                    codes[offset] = torch.tensor(frame, dtype=torch.long)
+                    record.codes.setdefault(req_id, []).append(frame)
+            offset += span
+        if offset > num_tokens:
+            record.error(f"rows span {offset} tokens, the forward has {num_tokens}")
+        return codes.to(device)
 
     # -- hooks (CONTRACT.md 3) ------------------------------------------------------
 
@@ -558,12 +775,14 @@ class OmnigenTinyTalker(_TinyLlamaStage):
         if int(input_embeds.shape[0]) != span:
             raise ValueError(f"preprocess: {span} ids but {input_embeds.shape[0]} embeddings")
         self.omni_record.hook("preprocess", [span], [req_infos])
+        # The runner passes its persistent inputs_embeds rows, which vLLM leaves unfilled for a
+        # text-only model: like a real talker, build this row's embeddings from its ids.
+        embeds = self.embed_input_ids(input_ids)
         seen = int((req_infos.get("meta") or {}).get("hook_calls", 0))
         update: dict[str, Any] = {"meta": {"hook_calls": seen + 1, "last_span": span}}
-        is_prefill = bool(req_infos.get("_omni_is_prefill", True))
-        if self.variant.mtp and span == 1 and not is_prefill:
-            update["mtp_inputs"] = (input_embeds[-1:].clone(), self._text_step(input_ids[-1:]))
-        return input_ids, input_embeds, update
+        if self._mtp_routed(span, _as_bool(req_infos.get("_omni_is_prefill"))):
+            update["mtp_inputs"] = (embeds[-1:].clone(), self._text_step(input_ids[-1:]))
+        return input_ids, embeds, update
 
     def preprocess_decode_batch(self, input_ids: torch.Tensor, req_infos: list[dict[str, Any]]) -> tuple:
         mode = self.variant.decode_batch
@@ -602,7 +821,7 @@ class OmnigenTinyCode2Wav(_TinyLlamaStage):
         inputs_embeds: torch.Tensor | None = None,
         **kwargs: Any,
     ) -> OmniOutput:
-        hidden = self._trunk(input_ids, positions, intermediate_tensors, inputs_embeds, kwargs)
+        hidden = self._trunk(input_ids, positions, intermediate_tensors, inputs_embeds)
         # Dummy weights are ~1e-3: scale so the samples are not all ~0.
         audio = torch.tanh(1e3 * self.vocoder(hidden))
-        return OmniOutput(text_hidden_states=hidden, multimodal_outputs={"audio": audio})
+        return self._finish_forward(hidden, input_ids, positions, inputs_embeds, kwargs, {"audio": audio})
