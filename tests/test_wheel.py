@@ -7,6 +7,7 @@ generating code does not import it), and builds into a temporary output.
 from __future__ import annotations
 
 import re
+import shutil
 import subprocess
 import sys
 import zipfile
@@ -43,6 +44,14 @@ def _pinned(names: tuple[str, ...]) -> list[str]:
 
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory) -> Path:
+    # Build from a copy of the tracked tree: setuptools writes build/ and *.egg-info beside
+    # its sources, and none of that belongs in the checkout.
+    source = tmp_path_factory.mktemp("src") / "omnigen"
+    tracked = subprocess.run(["git", "ls-files"], cwd=ROOT, check=True, capture_output=True, text=True)
+    for rel in tracked.stdout.splitlines():
+        target = source / rel
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(ROOT / rel, target)
     out = tmp_path_factory.mktemp("dist")
     subprocess.run(
         [
@@ -55,7 +64,7 @@ def wheel(tmp_path_factory) -> Path:
             "-q",
             "-w",
             str(out),
-            str(ROOT),
+            str(source),
         ],
         check=True,
         capture_output=True,
