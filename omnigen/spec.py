@@ -32,6 +32,7 @@ from omnigen.schema import (
 
 _IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _CONF_NAME = re.compile(r"^[a-z][a-z0-9_]*$")
+_TITLE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9 _.+()/-]{0,59}$")
 
 
 class SpecError(ValueError):
@@ -245,8 +246,12 @@ def _model_spec(model: ModelConf, findings: _Findings) -> ModelSpec | None:
         )
     if not is_dotted_path(model.arch):
         findings.add("arch", f"{model.arch!r} is not a Python identifier; use vLLM's model_arch name")
-    if not model.title.strip():
-        findings.add("title", "is empty; give the model's human name, e.g. Qwen3-Omni")
+    if not _TITLE.match(model.title):
+        findings.add(
+            "title",
+            f"{model.title!r} must be a short human name (letters, digits, spaces and - _ . + ( ) /, "
+            "at most 60 characters), e.g. Qwen3-Omni: it is written into generated docstrings",
+        )
     if not model.stages:
         findings.add("stages", "no stages; a model needs at least one stage")
 
