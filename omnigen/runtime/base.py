@@ -44,9 +44,7 @@ class OmniRunnerBase:
         request = self.requests.get(req_id)
         if request is None:
             return
-        buffer = self.model_intermediate_buffer.get(req_id)
-        if buffer is None:
-            buffer = self.model_intermediate_buffer[req_id] = {}
+        buffer = self._request_buffer(req_id)
         buffers.merge_update(buffer, update, self.GPU_RESIDENT_KEYS)
         request.additional_information_cpu = buffer
 
