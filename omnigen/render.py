@@ -141,7 +141,11 @@ def render_stage(plan: StagePlan, overrides: tuple[str, ...] = ()) -> str:
         device_doc = (
             f"device={plan.device}: built on vLLM's {'CPU' if plan.device == 'cpu' else 'GPU'} worker."
         )
-    return env.get_template("stage.py.j2").render(
+    try:
+        template = env.get_template("stage.py.j2")
+    except jinja2.TemplateError as exc:
+        raise RenderError(f"templates/stage.py.j2: {exc}") from exc
+    return template.render(
         p=plan,
         header=header(plan.source, plan.model, overrides),
         summary=_summary(plan),

@@ -241,10 +241,9 @@ class OmnigenTinyTalkerRunner(OmniRunnerBase, vllm_api.GPUModelRunner):
         mtp.scatter_rows(inputs_embeds, start_offsets, embeds_out)
         if codes is None:
             return
-        # mtp.output_key codes.audio is not GPU-resident: one host copy for the batch.
-        host_codes = codes[:batch].detach().to("cpu")
-        for row, req_id in enumerate(req_ids):
-            self._update_intermediate_buffer(req_id, {"codes": {"audio": host_codes[row : row + 1]}})
+        # mtp.output_key codes.audio is not GPU-resident: one host copy, a row view per request.
+        rows = codes[:batch].detach().to("cpu").split(1)
+        mtp.store_code_rows(self, req_ids, rows, self.MTP_OUTPUT_KEY)
 
     def _talker_mtp_forward_row_by_row(
         self, req_ids: list[str], inputs_embeds: torch.Tensor, start_offsets: list[int] | None

@@ -225,14 +225,8 @@ class Qwen3OmniTalkerRunner(OmniRunnerBase, vllm_api.GPUModelRunner):
         if codes is None:
             return
         # buffers.gpu_resident holds codes.audio: one owned device copy, a row view per request.
-        owned = codes[:batch].detach().clone()
-        for req_id, row in zip(req_ids, owned.split(1), strict=True):
-            request = self.requests.get(req_id)
-            if request is None:
-                continue
-            buffer = self.model_intermediate_buffer.setdefault(req_id, {})
-            buffer.setdefault("codes", {})["audio"] = row
-            request.additional_information_cpu = buffer
+        rows = codes[:batch].detach().clone().split(1)
+        mtp.store_code_rows(self, req_ids, rows, self.MTP_OUTPUT_KEY)
 
     def _talker_mtp_forward_row_by_row(
         self, req_ids: list[str], inputs_embeds: torch.Tensor, start_offsets: list[int] | None

@@ -77,3 +77,24 @@ def scatter_rows(inputs_embeds: torch.Tensor, offsets: list[int], rows: torch.Te
         return
     index = torch.tensor(offsets, dtype=torch.long).to(inputs_embeds.device, non_blocking=True)
     inputs_embeds.index_copy_(0, index, rows[:n])
+
+
+def store_code_rows(
+    runner: Any, req_ids: list[str], rows: tuple[torch.Tensor, ...], output_key: tuple[str, str]
+) -> None:
+    """Put row i's codes under ``output_key`` in request i's buffer (and mirror it).
+
+    ``rows`` are already where they belong (a host copy, or an owned device copy for a
+    GPU-resident key), so they are stored as they are: no per-row copy or merge.
+    """
+    kind, qualifier = output_key
+    for req_id, row in zip(req_ids, rows, strict=True):
+        request = runner.requests.get(req_id)
+        if request is None:
+            continue
+        buffer = runner._request_buffer(req_id)
+        sub = buffer.get(kind)
+        if not isinstance(sub, dict):
+            sub = buffer[kind] = {}
+        sub[qualifier] = row
+        request.additional_information_cpu = buffer
