@@ -184,3 +184,12 @@ def test_generated_package_imports_as_omnigen_generated():
             worker_path = package.WORKERS[stage]
             assert worker_path.startswith(module.__name__ + ".")
             assert Path(module.__file__).resolve().is_relative_to(paths.generated_dir())
+
+
+def test_a_broken_template_is_a_clear_render_error(tmp_path, monkeypatch):
+    broken = tmp_path / "templates"
+    broken.mkdir()
+    (broken / "stage.py.j2").write_text((paths.templates_dir() / "stage.py.j2").read_text() + "{% endif %}\n")
+    monkeypatch.setattr(paths, "templates_dir", lambda: broken)
+    with pytest.raises(render.RenderError, match=r"templates/stage.py.j2: Encountered unknown tag 'endif'"):
+        pipeline.model_files(pipeline.model_plan("qwen3_tts"))
