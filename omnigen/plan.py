@@ -13,7 +13,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from omnigen.schema import DecodeBatch, Device, MTPGraph, PerRowGenerators, StageKind
+from omnigen.schema import DecodeBatch, Device, MTPGraph, PerRowGenerators
 from omnigen.spec import BuildSpec, ModelSpec, StageSpec, resolve_mtp_graph
 
 # Contract clauses (CONTRACT.md section numbers) and what each covers.
@@ -221,17 +221,16 @@ def _plan_stage(model: ModelSpec, stage: StageSpec, build: BuildSpec) -> StagePl
 
     device = build.device
     if device is Device.auto:
-        runner_base = decide(
+        decide(
             "runner_base",
             "GPUModelRunner on a GPU platform, CPUModelRunner on a CPU-only one",
             "device=auto: the worker asks vLLM's current platform when vLLM loads it",
             "device",
         )
     elif device is Device.cpu:
-        runner_base = decide("runner_base", "CPUModelRunner", "device=cpu", "device")
+        decide("runner_base", "CPUModelRunner", "device=cpu", "device")
     else:
-        runner_base = decide("runner_base", "GPUModelRunner", "device=cuda", "device")
-    del runner_base
+        decide("runner_base", "GPUModelRunner", "device=cuda", "device")
 
     producer = stage.producer
     accumulates = producer and stage.full_payload and not model.async_chunk
@@ -403,7 +402,3 @@ def _plan_stage(model: ModelSpec, stage: StageSpec, build: BuildSpec) -> StagePl
         clauses=ordered_clauses,
         decisions=tuple(decisions),
     )
-
-
-def is_generation(plan: StagePlan) -> bool:
-    return plan.kind == StageKind.generation.value
