@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 from hydra.errors import HydraException
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 from omegaconf.errors import (
     ConfigAttributeError,
     ConfigKeyError,
@@ -112,6 +112,3 @@ def all_files() -> dict[str, str]:
     files["__init__.py"] = render.render_package_init(models)
     return render.finish(files)
 
-
-def resolved_yaml(cfg: DictConfig) -> str:
-    return OmegaConf.to_yaml(cfg, resolve=True)
