@@ -111,4 +111,3 @@ def all_files() -> dict[str, str]:
         files.update(render.model_files(model_plan(name)))
     files["__init__.py"] = render.render_package_init(models)
     return render.finish(files)
-
