@@ -60,23 +60,19 @@ def read_row_phases(
     )
 
 
+RUNNER_KEYS = ("request_id", "_omni_prompt_len", "_omni_num_computed_tokens", "_omni_is_prefill")
+"""The keys the runner owns in each row's buffer (3.1)."""
+
+
 def runner_keys(phases: RowPhases) -> list[dict[str, Any]]:
-    """The runner-owned keys of each row's buffer, as plain Python values (3.1)."""
-    return [
-        {
-            "request_id": req_id,
-            "_omni_prompt_len": prompt_len,
-            "_omni_num_computed_tokens": computed,
-            "_omni_is_prefill": is_prefill,
-        }
-        for req_id, prompt_len, computed, is_prefill in zip(
-            phases.req_ids,
-            phases.prompt_lens.tolist(),
-            phases.computed.tolist(),
-            phases.is_prefill.tolist(),
-            strict=True,
-        )
-    ]
+    """Each row's ``RUNNER_KEYS``, as plain Python values (3.1)."""
+    columns = (
+        phases.req_ids,
+        phases.prompt_lens.tolist(),
+        phases.computed.tolist(),
+        phases.is_prefill.tolist(),
+    )
+    return [dict(zip(RUNNER_KEYS, row, strict=True)) for row in zip(*columns, strict=True)]
 
 
 def segments(batchable: np.ndarray) -> list[tuple[int, int, bool]]:
@@ -124,7 +120,6 @@ def check_contiguous_runs(phases: RowPhases, runs: list[tuple[int, int, bool]], 
             )
 
 
-RUNNER_KEYS = ("request_id", "_omni_prompt_len", "_omni_num_computed_tokens", "_omni_is_prefill")
 _ABSENT = object()
 
 
