@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from omnigen.schema import DecodeBatch, Device, MTPGraph, PerRowGenerators
-from omnigen.spec import BuildSpec, ModelSpec, StageSpec, resolve_mtp_graph
+from omnigen.spec import BuildSpec, ModelSpec, PostprocessSpec, StageSpec, resolve_mtp_graph
 
 # Contract clauses (CONTRACT.md section numbers) and what each covers.
 CLAUSES: dict[str, str] = {
@@ -45,6 +45,19 @@ CLAUSES: dict[str, str] = {
     "5.2": "_should_accumulate_full_payload_output",
     "5.3": "_should_defer_full_payload_d2h (request-end payload)",
     "6": "worker class and finished-request cleanup",
+    "7.1": "postprocess after each step, merged into the buffers before the next",
+    "7.2": "each request's step payload published under dotted keys",
+    "7.2-make-omni-output": "make_omni_output assembles the step's OmniOutput",
+    "7.3": "generation step: forward with per-request counts, no sampler, requests finish",
+    "7.3-finished": "on_requests_finished when requests end",
+    "7.4": "the model's own sampler, vLLM's as fallback",
+    "7.5": "deployment fields on model_config set by the worker",
+    "7.5-text-config": "the stage's own text config (hf_config_name)",
+    "7.6": "text-only M-RoPE positions for a model without get_mrope_input_positions",
+    "7.7-query-start-loc": "omni_query_start_loc to the decode-step metadata and the forward",
+    "7.7-batch-req-ids": "set_batch_req_ids after the forward",
+    "7.7-logits-metadata": "compute_logits with sampling metadata",
+    "7.8": "payloads in omnigen's and vllm-omni's serialized forms",
 }
 
 
@@ -105,7 +118,26 @@ class StagePlan:
     mrope: bool
     async_chunk: bool
     clauses: tuple[str, ...]
+    mrope_fallback: bool = False
+    postprocess: PostprocessSpec | None = None
+    make_omni_output: bool = False
+    payload_hidden: bool = False
+    request_token_spans: bool = False
+    query_start_loc: bool = False
+    set_batch_req_ids: bool = False
+    logits_sampling_metadata: bool = False
+    model_sampler: bool = False
+    on_requests_finished: bool = False
+    seq_token_counts: bool = False
+    request_ids: bool = False
+    model_config_fields: tuple[tuple[str, Any], ...] = ()
+    """``(name, value)`` pairs the worker sets on vLLM's ``model_config`` (7.5), sorted."""
+    text_config_name: str | None = None
     decisions: tuple[Decision, ...] = field(default=())
+
+    @property
+    def is_generation(self) -> bool:
+        return self.kind == "generation"
 
     def capabilities(self) -> dict[str, Any]:
         """The per-stage facts ``tests/spec_matrix.yaml`` states, under its key names."""
@@ -132,7 +164,33 @@ class StagePlan:
             "defers_full_payload_d2h": self.defers_full_payload_d2h,
             "attach_request_features": self.attach_request_features,
             "mrope": self.mrope,
+            "mrope_fallback": self.mrope_fallback,
             "async_chunk": self.async_chunk,
+            "postprocess": None
+            if self.postprocess is None
+            else {
+                "hidden_states": self.postprocess.uses_hidden_states,
+                "multimodal_outputs": self.postprocess.uses_multimodal_outputs,
+                "req_infos": self.postprocess.uses_req_infos,
+            },
+            "make_omni_output": self.make_omni_output,
+            "payload_hidden": self.payload_hidden,
+            "request_token_spans": self.request_token_spans,
+            "query_start_loc": self.query_start_loc,
+            "set_batch_req_ids": self.set_batch_req_ids,
+            "logits_sampling_metadata": self.logits_sampling_metadata,
+            "sampler": "model" if self.model_sampler else ("none" if self.is_generation else "vllm"),
+            "on_requests_finished": self.on_requests_finished,
+            "generation_kwargs": [
+                name
+                for name, on in (
+                    ("seq_token_counts", self.seq_token_counts),
+                    ("request_ids", self.request_ids),
+                )
+                if on
+            ],
+            "model_config": dict(self.model_config_fields),
+            "text_config": self.text_config_name,
         }
 
     @property
@@ -340,7 +398,31 @@ def _plan_stage(model: ModelSpec, stage: StageSpec, build: BuildSpec) -> StagePl
         f"{key}.buffers.refresh_every_step",
     )
 
-    clauses = ["1.1", "1.3", "4.1", "4.2", "4.4", "4.5", "5.2", "6"]
+    _decide_step_outputs(stage, decide, key)
+    model_config_fields = _decide_model_config(model, stage, decide, key)
+
+    clauses = ["1.1", "1.3", "4.1", "4.2", "4.4", "4.5", "5.2", "6", "7.2", "7.8"]
+    if stage.postprocess is not None:
+        clauses.append("7.1")
+    if stage.make_omni_output:
+        clauses.append("7.2-make-omni-output")
+    if stage.kind.value == "generation":
+        clauses.append("7.3")
+    if stage.on_requests_finished:
+        clauses.append("7.3-finished")
+    if stage.model_sampler:
+        clauses.append("7.4")
+    clauses.append("7.5")
+    if stage.hf_config_name is not None:
+        clauses.append("7.5-text-config")
+    if stage.mrope_fallback:
+        clauses.append("7.6")
+    if stage.query_start_loc:
+        clauses.append("7.7-query-start-loc")
+    if stage.set_batch_req_ids:
+        clauses.append("7.7-batch-req-ids")
+    if stage.logits_sampling_metadata:
+        clauses.append("7.7-logits-metadata")
     if stage.multimodal_outputs:
         clauses.append("1.1-omni-output")
     if stage.decode_step_metadata:
@@ -400,5 +482,111 @@ def _plan_stage(model: ModelSpec, stage: StageSpec, build: BuildSpec) -> StagePl
         mrope=stage.mrope,
         async_chunk=model.async_chunk,
         clauses=ordered_clauses,
+        mrope_fallback=stage.mrope_fallback,
+        postprocess=stage.postprocess,
+        make_omni_output=stage.make_omni_output,
+        payload_hidden=stage.payload_hidden,
+        request_token_spans=stage.request_token_spans,
+        query_start_loc=stage.query_start_loc,
+        set_batch_req_ids=stage.set_batch_req_ids,
+        logits_sampling_metadata=stage.logits_sampling_metadata,
+        model_sampler=stage.model_sampler,
+        on_requests_finished=stage.on_requests_finished,
+        seq_token_counts=stage.seq_token_counts,
+        request_ids=stage.request_ids,
+        model_config_fields=model_config_fields,
+        text_config_name=stage.hf_config_name,
         decisions=tuple(decisions),
     )
+
+
+def _decide_step_outputs(stage: StageSpec, decide: Any, key: str) -> None:
+    """How the step runs after the forward: the execute path, the sampler, the post-forward hook."""
+    if stage.kind.value == "generation":
+        decide(
+            "execute_path",
+            "generation",
+            "a generation stage samples nothing: its forward gets the per-request token counts, "
+            "each request's output is published, and a request finishes once its inputs are in",
+            f"{key}.kind",
+            f"{key}.generation",
+        )
+    else:
+        decide(
+            "execute_path",
+            "sampling",
+            "an autoregressive stage: vLLM's execute_model and sampling",
+            f"{key}.kind",
+        )
+        decide(
+            "sampler",
+            "model" if stage.model_sampler else "vllm",
+            "sampler=model: the model's sample(logits, sampling_metadata), vLLM's when it returns None"
+            if stage.model_sampler
+            else "sampler=vllm",
+            f"{key}.sampler",
+        )
+    post = stage.postprocess
+    if post is None:
+        decide(
+            "postprocess", False, "postprocess.hook is false: no post-forward hook", f"{key}.postprocess.hook"
+        )
+    else:
+        uses = [
+            name
+            for name, on in (
+                ("the row's hidden states", post.uses_hidden_states),
+                ("the step's multimodal outputs", post.uses_multimodal_outputs),
+                ("the row's buffer", post.uses_req_infos),
+            )
+            if on
+        ]
+        decide(
+            "postprocess",
+            True,
+            "postprocess.hook: once per row after sampling, given " + (", ".join(uses) or "nothing it uses"),
+            f"{key}.postprocess",
+        )
+    decide(
+        "make_omni_output",
+        stage.make_omni_output,
+        "outputs.make_omni_output: a forward result that is not an OmniOutput goes through it"
+        if stage.make_omni_output
+        else "the forward returns the step's output as it is",
+        f"{key}.outputs.make_omni_output",
+    )
+    decide(
+        "mrope_fallback",
+        stage.mrope_fallback,
+        "positions.mrope_fallback: text-only M-RoPE positions instead of vLLM's assertion"
+        if stage.mrope_fallback
+        else "vLLM's M-RoPE path (the model's get_mrope_input_positions, where the checkpoint uses M-RoPE)",
+        f"{key}.positions.mrope_fallback",
+    )
+
+
+def _decide_model_config(
+    model: ModelSpec, stage: StageSpec, decide: Any, key: str
+) -> tuple[tuple[str, Any], ...]:
+    """The deployment fields the worker sets on vLLM's model_config (7.5)."""
+    fields: dict[str, Any] = {"async_chunk": model.async_chunk}
+    keys = ["async_chunk"]
+    if stage.model_stage is not None:
+        fields["model_stage"] = stage.model_stage
+        keys.append(f"{key}.model_config.model_stage")
+    ordered = tuple(sorted(fields.items()))
+    decide(
+        "model_config",
+        dict(ordered),
+        "set by the worker before the model is built; the model reads them from model_config",
+        *keys,
+    )
+    decide(
+        "text_config",
+        stage.hf_config_name,
+        f"hf_text_config is hf_config.{stage.hf_config_name}'s text config: the stage's own widths"
+        if stage.hf_config_name
+        else "vLLM's hf_text_config",
+        f"{key}.model_config.hf_config_name",
+    )
+    return ordered

@@ -100,6 +100,14 @@ def _summary(plan: StagePlan) -> str:
         features.append("snapshot replacement on a producer marker")
     if plan.decode_step_metadata:
         features.append("decode-step metadata hooks")
+    if plan.postprocess:
+        features.append("post-forward hook")
+    if plan.make_omni_output:
+        features.append("output assembly by make_omni_output")
+    if plan.model_sampler:
+        features.append("the model's own sampler")
+    if plan.mrope_fallback:
+        features.append("text-only M-RoPE positions")
     if plan.request_end_payload:
         features.append("request-end payload")
     if features:
@@ -108,10 +116,10 @@ def _summary(plan: StagePlan) -> str:
 
 
 def _runtime_imports(plan: StagePlan) -> list[str]:
-    runtime_modules = []
+    runtime_modules = ["step_outputs"]
     if plan.replace_on_marker:
         runtime_modules.append("buffers")
-    if plan.mrope:
+    if plan.mrope or plan.mrope_fallback:
         runtime_modules.append("mrope")
     if plan.mtp:
         runtime_modules.append("mtp")
@@ -125,7 +133,7 @@ def _runtime_imports(plan: StagePlan) -> list[str]:
     lines.append(f"from omnigen.runtime.base import {', '.join(sorted(base_names))}")
     output_names = []
     if plan.multimodal_outputs:
-        output_names = ["OmniOutput", "restore_flattened_omni_output"]
+        output_names = ["OmniOutput", "as_omni_output", "restore_flattened_omni_output"]
     if output_names:
         lines.append(f"from omnigen.runtime.outputs import {', '.join(output_names)}")
     lines.append("from omnigen.runtime.worker import worker_base")
@@ -158,7 +166,22 @@ def render_stage(plan: StagePlan, overrides: tuple[str, ...] = ()) -> str:
         accumulate_reason=_decision(plan, "accumulates_full_payload"),
         defer_reason=_decision(plan, "defers_full_payload_d2h"),
         device_doc=device_doc,
+        forward_clauses=", ".join(c for c in plan.clauses if c in _FORWARD_CLAUSES),
+        finish_clauses=", ".join(c for c in plan.clauses if c in _FINISH_CLAUSES),
+        model_config_literal=_pyrepr(dict(plan.model_config_fields)),
+        model_config_keys=", ".join(
+            f"{name} from {_model_config_key(plan, name)}" for name, _ in plan.model_config_fields
+        ),
     )
+
+
+_FORWARD_CLAUSES = ("1.1", "1.2", "7.2-make-omni-output", "7.3", "7.7-query-start-loc", "7.7-batch-req-ids")
+_FINISH_CLAUSES = ("5.1", "7.1", "7.2")
+
+
+def _model_config_key(plan: StagePlan, name: str) -> str:
+    """The config key a deployment field of ``model_config`` comes from."""
+    return "async_chunk" if name == "async_chunk" else f"stages.{plan.stage}.model_config.{name}"
 
 
 def render_model_init(plan: ModelPlan, overrides: tuple[str, ...]) -> str:

@@ -58,6 +58,13 @@ class PerRowGenerators(Enum):
     eager_only = "eager_only"
 
 
+class Sampler(Enum):
+    """Who turns a step's logits into tokens."""
+
+    vllm = "vllm"
+    model = "model"
+
+
 class Device(Enum):
     """Which vLLM runner and worker a generated worker builds on."""
 
@@ -83,6 +90,25 @@ class PreprocessConf:
 
     attach_request_features: bool = False
     """Each row's infos get the request's ``mm_features`` and ``req_id`` (MiMo-Audio's fused stage)."""
+
+
+@dataclass
+class PostprocessConf:
+    """The model hook that reads a step's outputs after sampling (CONTRACT 7.1)."""
+
+    hook: bool = False
+    """The model has ``postprocess(hidden_states, multimodal_outputs=..., **req_infos)``, called
+    once per row after each step; its update is merged into the row's buffer before the next
+    step's preprocess."""
+
+    uses_hidden_states: bool = True
+    """The hook gets the row's own text hidden states (else the step's, whole)."""
+
+    uses_multimodal_outputs: bool = True
+    """The hook gets the step's multimodal outputs (else None)."""
+
+    uses_req_infos: bool = True
+    """The hook gets the row's buffer as keyword arguments, less ``hidden_states`` (else none)."""
 
 
 @dataclass
@@ -166,6 +192,28 @@ class OutputsConf:
     request_end_payload: bool = False
     """Keep the full payload on the device until the request ends (defer the device-to-host copy)."""
 
+    make_omni_output: bool = False
+    """The model has ``make_omni_output(output, **forward_kwargs)``, which assembles the step's
+    ``OmniOutput`` from a forward that returned something else (CONTRACT 7.2)."""
+
+    payload_hidden: bool = False
+    """Each request's step payload also carries its text hidden rows as ``hidden`` (7.2)."""
+
+    request_token_spans: bool = False
+    """The forward (and ``make_omni_output``) get ``request_token_spans``: each row's
+    ``(start, end)`` hidden rows."""
+
+    query_start_loc: bool = False
+    """``update_decode_step_metadata`` and the forward get ``omni_query_start_loc``, vLLM's
+    ``query_start_loc`` of the step (7.7)."""
+
+    set_batch_req_ids: bool = False
+    """The model has ``set_batch_req_ids(req_ids)``, called after each forward, before the
+    logits (7.7)."""
+
+    logits_sampling_metadata: bool = False
+    """The model's ``compute_logits`` takes ``sampling_metadata=`` and is given vLLM's (7.7)."""
+
 
 @dataclass
 class PositionsConf:
@@ -173,6 +221,33 @@ class PositionsConf:
 
     mrope: bool = False
     """The stage uses multimodal rotary positions (``get_mrope_input_positions``)."""
+
+    mrope_fallback: bool = False
+    """The stage's checkpoints use M-RoPE but its model has no ``get_mrope_input_positions``:
+    text-only positions are computed instead of vLLM's assertion (CONTRACT 7.6)."""
+
+
+@dataclass
+class GenerationConf:
+    """What a generation stage's forward is told about the step's requests (CONTRACT 7.3)."""
+
+    seq_token_counts: bool = True
+    """The forward gets ``seq_token_counts``: each request's scheduled token count."""
+
+    request_ids: bool = False
+    """The forward gets ``request_ids``: the step's request ids in row order."""
+
+
+@dataclass
+class StageModelConfigConf:
+    """Fields of vLLM's ``model_config`` the generated worker sets for this stage (CONTRACT 7.5)."""
+
+    model_stage: Optional[str] = None
+    """For a model class that serves several stages: which one this is (``model_stage``)."""
+
+    hf_config_name: Optional[str] = None
+    """The checkpoint sub-config that is this stage's text config (e.g. ``talker_config``), so
+    vLLM's input widths and vocabulary are the stage's; null keeps vLLM's."""
 
 
 @dataclass
@@ -213,6 +288,22 @@ class StageConf:
 
     positions: PositionsConf = field(default_factory=PositionsConf)
     """Position policies."""
+
+    postprocess: PostprocessConf = field(default_factory=PostprocessConf)
+    """The model hook after the forward."""
+
+    sampler: Sampler = Sampler.vllm
+    """``vllm``: vLLM's sampler; ``model``: the model's ``sample(logits, sampling_metadata)``,
+    falling back to vLLM's when it returns None (CONTRACT 7.4)."""
+
+    on_requests_finished: bool = False
+    """The model has ``on_requests_finished(finished_req_ids)``, called when requests end (7.3)."""
+
+    generation: GenerationConf = field(default_factory=GenerationConf)
+    """Forward arguments of a generation stage (ignored on an autoregressive one)."""
+
+    model_config: StageModelConfigConf = field(default_factory=StageModelConfigConf)
+    """Deployment fields the worker sets on vLLM's ``model_config``."""
 
 
 @dataclass
@@ -265,11 +356,14 @@ def register_configs() -> None:
 
 SCHEMA_CLASSES: tuple[type, ...] = (
     PreprocessConf,
+    PostprocessConf,
     MTPSamplingConf,
     MTPConf,
     BuffersConf,
     OutputsConf,
     PositionsConf,
+    GenerationConf,
+    StageModelConfigConf,
     StageConf,
     ModelConf,
     OmniGenConfig,
@@ -281,6 +375,7 @@ ENUMS: tuple[type[Enum], ...] = (
     DecodeBatch,
     MTPGraph,
     PerRowGenerators,
+    Sampler,
     Device,
 )
 

@@ -27,6 +27,7 @@ from omnigen.schema import (
     ModelConf,
     MTPGraph,
     PerRowGenerators,
+    Sampler,
     StageKind,
 )
 
@@ -63,6 +64,13 @@ class MTPSpec:
 
 
 @dataclass(frozen=True)
+class PostprocessSpec:
+    uses_hidden_states: bool
+    uses_multimodal_outputs: bool
+    uses_req_infos: bool
+
+
+@dataclass(frozen=True)
 class StageSpec:
     name: str
     order: int
@@ -84,6 +92,20 @@ class StageSpec:
     has_finish_decode_step: bool
     request_end_payload: bool
     mrope: bool
+    mrope_fallback: bool
+    postprocess: PostprocessSpec | None
+    make_omni_output: bool
+    payload_hidden: bool
+    request_token_spans: bool
+    query_start_loc: bool
+    set_batch_req_ids: bool
+    logits_sampling_metadata: bool
+    model_sampler: bool
+    on_requests_finished: bool
+    seq_token_counts: bool
+    request_ids: bool
+    model_stage: str | None
+    hf_config_name: str | None
 
     @property
     def producer(self) -> bool:
@@ -412,6 +434,54 @@ def _stage_spec(model: ModelConf, name: str, stage: Any, *, is_last: bool, findi
             "a stage that publishes audio returns it as a multimodal output; set outputs.multimodal: true",
         )
 
+    post = stage.postprocess
+    if not post.hook and not (
+        post.uses_hidden_states and post.uses_multimodal_outputs and post.uses_req_infos
+    ):
+        add(
+            f"{key}.postprocess",
+            "says what the hook uses but postprocess.hook is false; set hook: true or drop the uses_* keys",
+        )
+    if is_gen and post.hook:
+        add(
+            f"{key}.postprocess.hook",
+            "postprocess runs after a step's sampling, and a generation stage samples nothing; "
+            "turn it off (or set kind: ar)",
+        )
+    if is_gen and stage.sampler is Sampler.model:
+        add(f"{key}.sampler", "a generation stage samples nothing; set sampler: vllm")
+    if is_gen and outputs.logits_sampling_metadata:
+        add(f"{key}.outputs.logits_sampling_metadata", "a generation stage computes no logits; turn it off")
+    if not is_gen and stage.generation.request_ids:
+        add(
+            f"{key}.generation.request_ids",
+            "only a generation stage's forward gets request_ids; turn it off or set kind: generation",
+        )
+    if outputs.make_omni_output and not outputs.multimodal:
+        add(
+            f"{key}.outputs.make_omni_output",
+            "assembles an OmniOutput, so the stage has multimodal outputs; set outputs.multimodal: true",
+        )
+    if stage.positions.mrope and stage.positions.mrope_fallback:
+        add(
+            f"{key}.positions.mrope_fallback",
+            "the model computes its own M-RoPE positions (positions.mrope: true); keep one of the two",
+        )
+    if is_gen and stage.positions.mrope_fallback:
+        add(
+            f"{key}.positions.mrope_fallback",
+            "M-RoPE positions belong to an autoregressive stage; turn it off",
+        )
+    deployment = stage.model_config
+    for field_name in ("model_stage", "hf_config_name"):
+        value = getattr(deployment, field_name)
+        if value is not None and not is_identifier(value):
+            add(
+                f"{key}.model_config.{field_name}",
+                f"{value!r} is not an identifier; use the name the model class reads (e.g. talker, "
+                "talker_config)",
+            )
+
     return StageSpec(
         name=name,
         order=stage.order,
@@ -433,6 +503,26 @@ def _stage_spec(model: ModelConf, name: str, stage: Any, *, is_last: bool, findi
         has_finish_decode_step=outputs.has_finish_decode_step,
         request_end_payload=outputs.request_end_payload,
         mrope=stage.positions.mrope,
+        mrope_fallback=stage.positions.mrope_fallback,
+        postprocess=PostprocessSpec(
+            uses_hidden_states=post.uses_hidden_states,
+            uses_multimodal_outputs=post.uses_multimodal_outputs,
+            uses_req_infos=post.uses_req_infos,
+        )
+        if post.hook
+        else None,
+        make_omni_output=outputs.make_omni_output,
+        payload_hidden=outputs.payload_hidden,
+        request_token_spans=outputs.request_token_spans,
+        query_start_loc=outputs.query_start_loc,
+        set_batch_req_ids=outputs.set_batch_req_ids,
+        logits_sampling_metadata=outputs.logits_sampling_metadata,
+        model_sampler=stage.sampler is Sampler.model,
+        on_requests_finished=stage.on_requests_finished,
+        seq_token_counts=is_gen and stage.generation.seq_token_counts,
+        request_ids=is_gen and stage.generation.request_ids,
+        model_stage=deployment.model_stage,
+        hf_config_name=deployment.hf_config_name,
     )
 
 

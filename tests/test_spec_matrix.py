@@ -75,7 +75,52 @@ def test_generated_class_has_exactly_the_matrix_paths(model, stage):
     bare.omni_prefix_cache = None
     assert bare._should_accumulate_full_payload_output() is caps["accumulates_full_payload"]
     assert bare._should_defer_full_payload_d2h() is caps["defers_full_payload_d2h"]
-    assert _own(runner, "_on_step_payload") is caps["accumulates_full_payload"]
+    assert ("_accumulate_request_payloads" in source) is caps["accumulates_full_payload"]
+
+    # CONTRACT 7: each path exists exactly where the matrix says.
+    generation = caps["kind"] == "generation"
+    assert _own(runner, "sample_tokens") is generation
+    assert _own(runner, "_dummy_sampler_run") is generation
+    assert _own(runner, "_finish_step") is not generation
+    assert ("self.model.postprocess(" in source) is (caps["postprocess"] is not None)
+    if caps["postprocess"] is not None:
+        uses = caps["postprocess"]
+        assert ("step.hidden[start:end]" in source) is uses["hidden_states"]
+        assert ("multimodal_outputs=step.payload" in source) is uses["multimodal_outputs"]
+        assert ("postprocess_infos" in source) is uses["req_infos"]
+    assert ("self.model.make_omni_output(" in source) is caps["make_omni_output"]
+    assert ("include_hidden=True" in source) is caps["payload_hidden"]
+    assert ('forward_kwargs["request_token_spans"]' in source) is caps["request_token_spans"]
+    assert ('forward_kwargs["omni_query_start_loc"]' in source) is caps["query_start_loc"]
+    assert ("self.model.set_batch_req_ids(" in source) is caps["set_batch_req_ids"]
+    assert _own(runner, "execute_model") is caps["logits_sampling_metadata"]
+    assert _own(runner, "_sample") is (caps["sampler"] == "model")
+    assert _own(runner, "_update_states") is caps["on_requests_finished"]
+    assert _own(runner, "_init_mrope_positions") is caps["mrope_fallback"]
+    assert ('forward_kwargs["seq_token_counts"]' in source) is (
+        "seq_token_counts" in caps["generation_kwargs"]
+    )
+    assert ('forward_kwargs["request_ids"]' in source) is ("request_ids" in caps["generation_kwargs"])
 
     worker = getattr(module, plan.worker_class)
     assert worker.runner_class is runner
+    assert worker.model_config_fields == caps["model_config"]
+    assert worker.text_config_name == caps["text_config"]
+
+
+@pytest.mark.parametrize(
+    ("model", "stage", "override"),
+    [
+        ("qwen3_tts", "qwen3_tts", "postprocess.hook=false"),
+        ("higgs_audio_v3", "talker", "sampler=vllm"),
+        ("qwen3_tts", "code2wav", "outputs.make_omni_output=false"),
+        ("qwen3_omni", "talker", "model_config.hf_config_name=null"),
+    ],
+)
+def test_a_config_that_drops_a_real_model_hook_disagrees_with_the_matrix(model, stage, override):
+    """CONTRACT 7: turning off a hook the model class needs is a matrix failure, not a silent change."""
+    from omnigen import api
+
+    plan = api.stage_plan(model, stage, [f"model.stages.{stage}.{override}"])
+    actual, expected = plan.capabilities(), MATRIX[model][stage]
+    assert {key for key in expected if actual[key] != expected[key]}, override

@@ -2,9 +2,9 @@
 # Regenerate: omnigen build model=fish_speech
 """Fish Speech, stage `slow_ar`: the runner and the worker vLLM loads for it.
 
-An autoregressive stage. It has: per-row preprocess hook; talker MTP (graph safe, per-row generators never).
+An autoregressive stage. It has: per-row preprocess hook; talker MTP (graph safe, per-row generators never); post-forward hook; output assembly by make_omni_output.
 
-Contract clauses (shared/docs/CONTRACT.md): 1.1, 1.1-omni-output, 1.3, 2.1, 2.2, 2.3, 3.1, 3.2, 3.3, 3.4, 3.6, 4.1, 4.2, 4.2-every-step, 4.4, 4.5, 5.2, 6.
+Contract clauses (shared/docs/CONTRACT.md): 1.1, 1.1-omni-output, 1.3, 2.1, 2.2, 2.3, 3.1, 3.2, 3.3, 3.4, 3.6, 4.1, 4.2, 4.2-every-step, 4.4, 4.5, 5.2, 6, 7.1, 7.2, 7.2-make-omni-output, 7.5, 7.7-logits-metadata, 7.8.
 Serve: vllm serve MODEL_PATH --worker-cls omnigen.generated.fish_speech.slow_ar.FishSpeechSlowArWorker
 """
 
@@ -15,9 +15,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from omnigen.runtime import mtp, phases, vllm_api
+from omnigen.runtime import mtp, phases, step_outputs, vllm_api
 from omnigen.runtime.base import OmniRunnerBase
-from omnigen.runtime.outputs import OmniOutput, restore_flattened_omni_output
+from omnigen.runtime.outputs import OmniOutput, as_omni_output, restore_flattened_omni_output
 from omnigen.runtime.worker import worker_base
 
 
@@ -26,6 +26,8 @@ class FishSpeechSlowArRunner(OmniRunnerBase, vllm_api.GPUModelRunner):
 
     OMNI_MODEL = "fish_speech"
     OMNI_STAGE = "slow_ar"
+    # buffers.gpu_resident: these buffer keys keep their tensors on the device.
+    GPU_RESIDENT_KEYS = frozenset({("hidden_states", "last")})
     # mtp.output_key: where the predicted codes land in a request's buffer.
     MTP_OUTPUT_KEY = ("codes", "audio")
     # mtp.sampling: no stage defaults.
@@ -63,27 +65,34 @@ class FishSpeechSlowArRunner(OmniRunnerBase, vllm_api.GPUModelRunner):
         inputs_embeds: torch.Tensor | None = None,
         **model_kwargs: Any,
     ) -> Any:
-        """vLLM's forward with this stage's extra kwargs (1.1)."""
+        """vLLM's forward with this stage's extra kwargs (1.1, 7.2-make-omni-output)."""
         self._sync_local_stage_payloads()
-        buffers_by_row = [
-            self.model_intermediate_buffer.get(req_id, {}) for req_id in self.input_batch.req_ids
-        ]
+        req_ids = list(self.input_batch.req_ids)
+        buffers_by_row = [self.model_intermediate_buffer.get(req_id, {}) for req_id in req_ids]
+        forward_kwargs: dict[str, Any] = {
+            "model_intermediate_buffer": buffers_by_row,
+            "runtime_additional_information": buffers_by_row,
+            **model_kwargs,
+        }
         output = super()._model_forward(
             input_ids=input_ids,
             positions=positions,
             intermediate_tensors=intermediate_tensors,
             inputs_embeds=inputs_embeds,
-            model_intermediate_buffer=buffers_by_row,
-            runtime_additional_information=buffers_by_row,
-            **model_kwargs,
+            **forward_kwargs,
         )
-        # outputs.multimodal: a CUDA-graph weak reference may have flattened the OmniOutput.
-        output = restore_flattened_omni_output(output)
+        # outputs.multimodal: a CUDA-graph weak reference may have flattened the OmniOutput,
+        # and vllm-omni's own OmniOutput class is one too (7.2).
+        output = as_omni_output(restore_flattened_omni_output(output))
+        if not isinstance(output, (OmniOutput, vllm_api.IntermediateTensors)):
+            # outputs.make_omni_output: the model assembles the step's OmniOutput (7.2).
+            output = as_omni_output(self.model.make_omni_output(output, **forward_kwargs))
         return self._omni_hand_back(output)
 
     def extract_multimodal_outputs(self, hidden_states: Any) -> tuple[Any, Any]:
         """``(text_hidden_states, payload)`` of a forward output (1.3)."""
-        # outputs.multimodal: an OmniOutput carries this stage's payload.
+        # outputs.multimodal: an OmniOutput (omnigen's or vllm-omni's) carries this stage's payload.
+        hidden_states = as_omni_output(hidden_states)
         if isinstance(hidden_states, OmniOutput):
             return hidden_states.text_hidden_states, hidden_states.multimodal_outputs
         return self._split_plain_output(hidden_states)
@@ -145,8 +154,9 @@ class FishSpeechSlowArRunner(OmniRunnerBase, vllm_api.GPUModelRunner):
                 last_hidden, text_step = update.pop("mtp_inputs")
                 mtp_ids.append(ids_out.reshape(-1))
                 mtp_embeds.append(embeds_out)
-                mtp_hidden.append(last_hidden)
-                mtp_text.append(text_step)
+                # One row each; a model may hand back its row as a 1-D hidden vector (Qwen3-Omni's talker).
+                mtp_hidden.append(last_hidden.reshape(1, -1))
+                mtp_text.append(text_step.reshape(1, -1))
                 mtp_req_ids.append(req_id)
                 mtp_offsets.append(start)
             self._update_intermediate_buffer(req_id, update)
@@ -253,6 +263,27 @@ class FishSpeechSlowArRunner(OmniRunnerBase, vllm_api.GPUModelRunner):
         # no request-end payload declared
         return False
 
+    def _finish_step(self, step: step_outputs.StepSnapshot) -> None:
+        """After sampling: the post-forward hook on each row, then each request's published payload (7.1, 7.2)."""
+        for _row, req_id, start, end in step.rows():
+            # postprocess.hook: the update lands in the buffer before the next step's preprocess.
+            update = self.model.postprocess(
+                step.hidden[start:end],
+                multimodal_outputs=step.payload,
+                **step_outputs.postprocess_infos(self.model_intermediate_buffer.get(req_id)),
+            )
+            self._update_intermediate_buffer(req_id, update)
+        # outputs.payload_hidden=True: each request's text hidden rows are published as hidden.
+        self.omni_step_payloads = step_outputs.ar_request_payloads(step, include_hidden=True)
+
+    def execute_model(self, scheduler_output: Any, intermediate_tensors: Any = None) -> Any:
+        """vLLM's step, with ``compute_logits`` given vLLM's sampling metadata (7.7)."""
+        # outputs.logits_sampling_metadata: the model's logits depend on the requests' history.
+        with vllm_api.compute_logits_with_sampling_metadata(
+            self.model, lambda: self.input_batch.sampling_metadata
+        ):
+            return super().execute_model(scheduler_output, intermediate_tensors)
+
 
 class FishSpeechSlowArWorker(worker_base("auto")):
     """vLLM's worker for this stage: ``worker_cls="omnigen.generated.fish_speech.slow_ar.FishSpeechSlowArWorker"``.
@@ -261,3 +292,6 @@ class FishSpeechSlowArWorker(worker_base("auto")):
     """
 
     runner_class = FishSpeechSlowArRunner
+    # The model reads these from vLLM's model_config; the worker sets them before building it:
+    # async_chunk from async_chunk.
+    model_config_fields = {"async_chunk": False}

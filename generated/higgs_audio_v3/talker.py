@@ -2,9 +2,9 @@
 # Regenerate: omnigen build model=higgs_audio_v3
 """Higgs Audio v3, stage `talker`: the runner and the worker vLLM loads for it.
 
-An autoregressive stage. It has: per-row preprocess hook; batched decode preprocessing (plain); decode-step metadata hooks.
+An autoregressive stage. It has: decode-step metadata hooks; post-forward hook; output assembly by make_omni_output; the model's own sampler.
 
-Contract clauses (shared/docs/CONTRACT.md): 1.1, 1.1-omni-output, 1.2, 1.3, 3.1, 3.3, 3.3-batch-plain, 3.5, 3.6, 4.1, 4.2, 4.2-every-step, 4.4, 4.5, 5.2, 6.
+Contract clauses (shared/docs/CONTRACT.md): 1.1, 1.1-omni-output, 1.2, 1.3, 4.1, 4.2, 4.4, 4.5, 5.2, 6, 7.1, 7.2, 7.2-make-omni-output, 7.3-finished, 7.4, 7.5, 7.7-query-start-loc, 7.7-logits-metadata, 7.8.
 Serve: vllm serve MODEL_PATH --worker-cls omnigen.generated.higgs_audio_v3.talker.HiggsAudioV3TalkerWorker
 """
 
@@ -14,9 +14,9 @@ from typing import Any
 
 import torch
 
-from omnigen.runtime import phases, vllm_api
+from omnigen.runtime import step_outputs, vllm_api
 from omnigen.runtime.base import OmniRunnerBase
-from omnigen.runtime.outputs import OmniOutput, restore_flattened_omni_output
+from omnigen.runtime.outputs import OmniOutput, as_omni_output, restore_flattened_omni_output
 from omnigen.runtime.worker import worker_base
 
 
@@ -34,34 +34,44 @@ class HiggsAudioV3TalkerRunner(OmniRunnerBase, vllm_api.GPUModelRunner):
         inputs_embeds: torch.Tensor | None = None,
         **model_kwargs: Any,
     ) -> Any:
-        """vLLM's forward with this stage's extra kwargs (1.1, 1.2)."""
+        """vLLM's forward with this stage's extra kwargs (1.1, 1.2, 7.2-make-omni-output, 7.7-query-start-loc)."""
         self._sync_local_stage_payloads()
-        buffers_by_row = [
-            self.model_intermediate_buffer.get(req_id, {}) for req_id in self.input_batch.req_ids
-        ]
+        req_ids = list(self.input_batch.req_ids)
+        buffers_by_row = [self.model_intermediate_buffer.get(req_id, {}) for req_id in req_ids]
+        forward_kwargs: dict[str, Any] = {
+            "model_intermediate_buffer": buffers_by_row,
+            "runtime_additional_information": buffers_by_row,
+            **model_kwargs,
+        }
+        # outputs.query_start_loc: the model maps hidden rows to requests with vLLM's offsets.
+        forward_kwargs["omni_query_start_loc"] = self.query_start_loc.gpu[: len(req_ids) + 1]
         # outputs.decode_step_metadata: the model learns the step's rows before the forward.
         self.model.update_decode_step_metadata(
             input_ids=input_ids,
             positions=positions,
             inputs_embeds=inputs_embeds,
-            req_ids=list(self.input_batch.req_ids),
+            omni_query_start_loc=forward_kwargs["omni_query_start_loc"],
+            req_ids=req_ids,
         )
         output = super()._model_forward(
             input_ids=input_ids,
             positions=positions,
             intermediate_tensors=intermediate_tensors,
             inputs_embeds=inputs_embeds,
-            model_intermediate_buffer=buffers_by_row,
-            runtime_additional_information=buffers_by_row,
-            **model_kwargs,
+            **forward_kwargs,
         )
-        # outputs.multimodal: a CUDA-graph weak reference may have flattened the OmniOutput.
-        output = restore_flattened_omni_output(output)
+        # outputs.multimodal: a CUDA-graph weak reference may have flattened the OmniOutput,
+        # and vllm-omni's own OmniOutput class is one too (7.2).
+        output = as_omni_output(restore_flattened_omni_output(output))
+        if not isinstance(output, (OmniOutput, vllm_api.IntermediateTensors)):
+            # outputs.make_omni_output: the model assembles the step's OmniOutput (7.2).
+            output = as_omni_output(self.model.make_omni_output(output, **forward_kwargs))
         return self._omni_hand_back(output)
 
     def extract_multimodal_outputs(self, hidden_states: Any) -> tuple[Any, Any]:
         """``(text_hidden_states, payload)`` of a forward output (1.3)."""
-        # outputs.multimodal: an OmniOutput carries this stage's payload.
+        # outputs.multimodal: an OmniOutput (omnigen's or vllm-omni's) carries this stage's payload.
+        hidden_states = as_omni_output(hidden_states)
         if isinstance(hidden_states, OmniOutput):
             return hidden_states.text_hidden_states, hidden_states.multimodal_outputs
         return self._split_plain_output(hidden_states)
@@ -81,71 +91,9 @@ class HiggsAudioV3TalkerRunner(OmniRunnerBase, vllm_api.GPUModelRunner):
             model_kwargs,
             ec_connector_output,
         ) = super()._preprocess(scheduler_output, num_input_tokens, intermediate_tensors)
-        # buffers.refresh_every_step: the scheduler's payloads merge on every step.
-        self._update_additional_information(scheduler_output)
-        # async_chunk=false: connector-delivered full payloads override earlier infos.
-        self._sync_local_stage_payloads()
-        # preprocess.hook: the hook reads and writes the persistent buffers, so a CUDA graph
-        # replays the addresses it captured, and sees the scheduled ids even when a
-        # multimodal wrapper passed none (3.6).
-        input_ids = self.input_ids.gpu[:num_input_tokens]
-        inputs_embeds = self.inputs_embeds.gpu[:num_input_tokens]
-        self._preprocess_rows(scheduler_output, input_ids, inputs_embeds)
+        # buffers.refresh_every_step=false: payloads merge only when a request is admitted.
+        self._admit_new_request_payloads(scheduler_output)
         return input_ids, inputs_embeds, positions, intermediate_tensors, model_kwargs, ec_connector_output
-
-    def _preprocess_rows(
-        self, scheduler_output: Any, input_ids: torch.Tensor, inputs_embeds: torch.Tensor
-    ) -> None:
-        """Each row of the step through the model's hooks, in batch order (3.1-3.5)."""
-        rows = phases.read_row_phases(
-            self.input_batch, self.query_start_loc, scheduler_output.num_scheduled_tokens
-        )
-        if rows.num_rows == 0:
-            return
-        keys = phases.runner_keys(rows)
-        # preprocess.decode_batch=plain: adjacent single-token decode rows share one hook call,
-        # written in place; bad offsets fail before any hook runs (3.5).
-        segments = phases.segments(rows.single_decode)
-        phases.check_contiguous_runs(rows, segments, int(input_ids.shape[0]))
-        for first, last, batched in segments:
-            if not batched:
-                row = first
-                req_id = rows.req_ids[row]
-                infos = self._request_buffer(req_id)
-                infos.update(keys[row])
-                start = int(rows.offsets[row])
-                end = start + int(rows.spans[row])
-                ids_out, embeds_out, update = self.model.preprocess(
-                    input_ids=input_ids[start:end], input_embeds=inputs_embeds[start:end], **infos
-                )
-                self._update_intermediate_buffer(req_id, update)
-                written = min(end - start, embeds_out.shape[0])
-                inputs_embeds[start : start + written] = embeds_out[:written]
-                if isinstance(ids_out, torch.Tensor) and ids_out.numel() == written:
-                    input_ids[start : start + written] = ids_out
-                continue
-            req_ids = rows.req_ids[first:last]
-            stamped = phases.stamp_batch(self, req_ids, keys[first:last])
-            start = int(rows.offsets[first])
-            end = start + (last - first)
-            ids_in = input_ids[start:end]
-            ids_out, embeds_out, updates = self.model.preprocess_decode_batch(
-                input_ids=ids_in, req_infos=stamped.infos
-            )
-            phases.check_batch_outputs(
-                last - first,
-                ids_out,
-                embeds_out,
-                updates,
-                "preprocess_decode_batch",
-                stamped,
-                self.model_intermediate_buffer,
-            )
-            inputs_embeds[start:end].copy_(embeds_out)
-            if ids_out is not ids_in:
-                input_ids[start:end].copy_(ids_out.reshape(-1))
-            for req_id, update in zip(req_ids, updates, strict=True):
-                self._update_intermediate_buffer(req_id, update)
 
     def _should_accumulate_full_payload_output(self) -> bool:
         """Whether this stage keeps a full payload to send at request end (5.2)."""
@@ -157,6 +105,43 @@ class HiggsAudioV3TalkerRunner(OmniRunnerBase, vllm_api.GPUModelRunner):
         # no request-end payload declared
         return False
 
+    def _finish_step(self, step: step_outputs.StepSnapshot) -> None:
+        """After sampling: the post-forward hook on each row, then each request's published payload (7.1, 7.2)."""
+        for req_id in step.req_ids:
+            # postprocess.hook: the update lands in the buffer before the next step's preprocess.
+            update = self.model.postprocess(
+                step.hidden,
+                multimodal_outputs=None,
+            )
+            self._update_intermediate_buffer(req_id, update)
+        # outputs.payload_hidden=True: each request's text hidden rows are published as hidden.
+        self.omni_step_payloads = step_outputs.ar_request_payloads(step, include_hidden=True)
+
+    def _sample(self, logits: torch.Tensor | None, spec_decode_metadata: Any) -> Any:
+        """sampler=model: the model's own sampler, vLLM's when it declines (returns None) (7.4)."""
+        if logits is not None and spec_decode_metadata is None:
+            self.input_batch.update_async_output_token_ids()
+            sampled = self.model.sample(logits, vllm_api.model_sampler_metadata(self.input_batch))
+            if sampled is not None:
+                return sampled
+        return super()._sample(logits, spec_decode_metadata)
+
+    def _update_states(self, scheduler_output: Any) -> Any:
+        """vLLM's state update, then the model drops the state of requests that ended (7.3)."""
+        deferred = super()._update_states(scheduler_output)
+        if scheduler_output.finished_req_ids:
+            # on_requests_finished: the model keeps per-request state of its own.
+            self.model.on_requests_finished(scheduler_output.finished_req_ids)
+        return deferred
+
+    def execute_model(self, scheduler_output: Any, intermediate_tensors: Any = None) -> Any:
+        """vLLM's step, with ``compute_logits`` given vLLM's sampling metadata (7.7)."""
+        # outputs.logits_sampling_metadata: the model's logits depend on the requests' history.
+        with vllm_api.compute_logits_with_sampling_metadata(
+            self.model, lambda: self.input_batch.sampling_metadata
+        ):
+            return super().execute_model(scheduler_output, intermediate_tensors)
+
 
 class HiggsAudioV3TalkerWorker(worker_base("auto")):
     """vLLM's worker for this stage: ``worker_cls="omnigen.generated.higgs_audio_v3.talker.HiggsAudioV3TalkerWorker"``.
@@ -165,3 +150,6 @@ class HiggsAudioV3TalkerWorker(worker_base("auto")):
     """
 
     runner_class = HiggsAudioV3TalkerRunner
+    # The model reads these from vLLM's model_config; the worker sets them before building it:
+    # async_chunk from async_chunk.
+    model_config_fields = {"async_chunk": False}

@@ -2,9 +2,9 @@
 # Regenerate: omnigen build model=indextts2_5
 """IndexTTS-2.5, stage `indextts2_5_talker`: the runner and the worker vLLM loads for it.
 
-An autoregressive stage that feeds the next stage. It has: per-row preprocess hook; request-end payload.
+An autoregressive stage that feeds the next stage. It has: per-row preprocess hook; post-forward hook; output assembly by make_omni_output; request-end payload.
 
-Contract clauses (shared/docs/CONTRACT.md): 1.1, 1.1-omni-output, 1.3, 3.1, 3.3, 3.6, 4.1, 4.2, 4.2-every-step, 4.4, 4.5, 5.1, 5.2, 5.3, 6.
+Contract clauses (shared/docs/CONTRACT.md): 1.1, 1.1-omni-output, 1.3, 3.1, 3.3, 3.6, 4.1, 4.2, 4.2-every-step, 4.4, 4.5, 5.1, 5.2, 5.3, 6, 7.1, 7.2, 7.2-make-omni-output, 7.5, 7.7-logits-metadata, 7.8.
 Serve: vllm serve MODEL_PATH --worker-cls omnigen.generated.indextts2_5.indextts2_5_talker.Indextts25Indextts25TalkerWorker
 """
 
@@ -14,9 +14,9 @@ from typing import Any
 
 import torch
 
-from omnigen.runtime import phases, vllm_api
+from omnigen.runtime import phases, step_outputs, vllm_api
 from omnigen.runtime.base import OmniRunnerBase
-from omnigen.runtime.outputs import OmniOutput, restore_flattened_omni_output
+from omnigen.runtime.outputs import OmniOutput, as_omni_output, restore_flattened_omni_output
 from omnigen.runtime.worker import worker_base
 
 
@@ -38,27 +38,34 @@ class Indextts25Indextts25TalkerRunner(OmniRunnerBase, vllm_api.GPUModelRunner):
         inputs_embeds: torch.Tensor | None = None,
         **model_kwargs: Any,
     ) -> Any:
-        """vLLM's forward with this stage's extra kwargs (1.1)."""
+        """vLLM's forward with this stage's extra kwargs (1.1, 7.2-make-omni-output)."""
         self._sync_local_stage_payloads()
-        buffers_by_row = [
-            self.model_intermediate_buffer.get(req_id, {}) for req_id in self.input_batch.req_ids
-        ]
+        req_ids = list(self.input_batch.req_ids)
+        buffers_by_row = [self.model_intermediate_buffer.get(req_id, {}) for req_id in req_ids]
+        forward_kwargs: dict[str, Any] = {
+            "model_intermediate_buffer": buffers_by_row,
+            "runtime_additional_information": buffers_by_row,
+            **model_kwargs,
+        }
         output = super()._model_forward(
             input_ids=input_ids,
             positions=positions,
             intermediate_tensors=intermediate_tensors,
             inputs_embeds=inputs_embeds,
-            model_intermediate_buffer=buffers_by_row,
-            runtime_additional_information=buffers_by_row,
-            **model_kwargs,
+            **forward_kwargs,
         )
-        # outputs.multimodal: a CUDA-graph weak reference may have flattened the OmniOutput.
-        output = restore_flattened_omni_output(output)
+        # outputs.multimodal: a CUDA-graph weak reference may have flattened the OmniOutput,
+        # and vllm-omni's own OmniOutput class is one too (7.2).
+        output = as_omni_output(restore_flattened_omni_output(output))
+        if not isinstance(output, (OmniOutput, vllm_api.IntermediateTensors)):
+            # outputs.make_omni_output: the model assembles the step's OmniOutput (7.2).
+            output = as_omni_output(self.model.make_omni_output(output, **forward_kwargs))
         return self._omni_hand_back(output)
 
     def extract_multimodal_outputs(self, hidden_states: Any) -> tuple[Any, Any]:
         """``(text_hidden_states, payload)`` of a forward output (1.3)."""
-        # outputs.multimodal: an OmniOutput carries this stage's payload.
+        # outputs.multimodal: an OmniOutput (omnigen's or vllm-omni's) carries this stage's payload.
+        hidden_states = as_omni_output(hidden_states)
         if isinstance(hidden_states, OmniOutput):
             return hidden_states.text_hidden_states, hidden_states.multimodal_outputs
         return self._split_plain_output(hidden_states)
@@ -125,9 +132,28 @@ class Indextts25Indextts25TalkerRunner(OmniRunnerBase, vllm_api.GPUModelRunner):
         # outputs.request_end_payload on an accumulating stage; a prefix cache needs host copies.
         return self.omni_prefix_cache is None
 
-    def _on_step_payload(self, payload: Any) -> None:
-        """Accumulate each request's rows of this step's payload for the next stage (5.1)."""
-        self._accumulate_step_payload_rows(payload)
+    def _finish_step(self, step: step_outputs.StepSnapshot) -> None:
+        """After sampling: the post-forward hook on each row, then each request's published payload (5.1, 7.1, 7.2)."""
+        for _row, req_id, start, end in step.rows():
+            # postprocess.hook: the update lands in the buffer before the next step's preprocess.
+            update = self.model.postprocess(
+                step.hidden[start:end],
+                multimodal_outputs=step.payload,
+                **step_outputs.postprocess_infos(self.model_intermediate_buffer.get(req_id)),
+            )
+            self._update_intermediate_buffer(req_id, update)
+        # outputs.payload_hidden=False: the text hidden states are not published.
+        self.omni_step_payloads = step_outputs.ar_request_payloads(step, include_hidden=False)
+        # a producer with a full-payload function, not in async-chunk mode: the payloads are kept for the next stage (5.1).
+        self._accumulate_request_payloads(self.omni_step_payloads)
+
+    def execute_model(self, scheduler_output: Any, intermediate_tensors: Any = None) -> Any:
+        """vLLM's step, with ``compute_logits`` given vLLM's sampling metadata (7.7)."""
+        # outputs.logits_sampling_metadata: the model's logits depend on the requests' history.
+        with vllm_api.compute_logits_with_sampling_metadata(
+            self.model, lambda: self.input_batch.sampling_metadata
+        ):
+            return super().execute_model(scheduler_output, intermediate_tensors)
 
 
 class Indextts25Indextts25TalkerWorker(worker_base("auto")):
@@ -137,3 +163,6 @@ class Indextts25Indextts25TalkerWorker(worker_base("auto")):
     """
 
     runner_class = Indextts25Indextts25TalkerRunner
+    # The model reads these from vLLM's model_config; the worker sets them before building it:
+    # async_chunk from async_chunk.
+    model_config_fields = {"async_chunk": False}

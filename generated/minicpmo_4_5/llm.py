@@ -2,9 +2,9 @@
 # Regenerate: omnigen build model=minicpmo_4_5
 """MiniCPM-o 4.5, stage `llm`: the runner and the worker vLLM loads for it.
 
-An autoregressive stage that publishes text.
+An autoregressive stage that publishes text. It has: the model's own sampler.
 
-Contract clauses (shared/docs/CONTRACT.md): 1.1, 1.3, 3.7, 4.1, 4.2, 4.4, 4.5, 5.2, 6.
+Contract clauses (shared/docs/CONTRACT.md): 1.1, 1.1-omni-output, 1.3, 4.1, 4.2, 4.4, 4.5, 5.2, 6, 7.2, 7.4, 7.5, 7.8.
 Serve: vllm serve MODEL_PATH --worker-cls omnigen.generated.minicpmo_4_5.llm.Minicpmo45LlmWorker
 """
 
@@ -14,8 +14,9 @@ from typing import Any
 
 import torch
 
-from omnigen.runtime import mrope, vllm_api
+from omnigen.runtime import step_outputs, vllm_api
 from omnigen.runtime.base import OmniRunnerBase
+from omnigen.runtime.outputs import OmniOutput, as_omni_output, restore_flattened_omni_output
 from omnigen.runtime.worker import worker_base
 
 
@@ -35,22 +36,31 @@ class Minicpmo45LlmRunner(OmniRunnerBase, vllm_api.GPUModelRunner):
     ) -> Any:
         """vLLM's forward with this stage's extra kwargs (1.1)."""
         self._sync_local_stage_payloads()
-        buffers_by_row = [
-            self.model_intermediate_buffer.get(req_id, {}) for req_id in self.input_batch.req_ids
-        ]
+        req_ids = list(self.input_batch.req_ids)
+        buffers_by_row = [self.model_intermediate_buffer.get(req_id, {}) for req_id in req_ids]
+        forward_kwargs: dict[str, Any] = {
+            "model_intermediate_buffer": buffers_by_row,
+            "runtime_additional_information": buffers_by_row,
+            **model_kwargs,
+        }
         output = super()._model_forward(
             input_ids=input_ids,
             positions=positions,
             intermediate_tensors=intermediate_tensors,
             inputs_embeds=inputs_embeds,
-            model_intermediate_buffer=buffers_by_row,
-            runtime_additional_information=buffers_by_row,
-            **model_kwargs,
+            **forward_kwargs,
         )
+        # outputs.multimodal: a CUDA-graph weak reference may have flattened the OmniOutput,
+        # and vllm-omni's own OmniOutput class is one too (7.2).
+        output = as_omni_output(restore_flattened_omni_output(output))
         return self._omni_hand_back(output)
 
     def extract_multimodal_outputs(self, hidden_states: Any) -> tuple[Any, Any]:
         """``(text_hidden_states, payload)`` of a forward output (1.3)."""
+        # outputs.multimodal: an OmniOutput (omnigen's or vllm-omni's) carries this stage's payload.
+        hidden_states = as_omni_output(hidden_states)
+        if isinstance(hidden_states, OmniOutput):
+            return hidden_states.text_hidden_states, hidden_states.multimodal_outputs
         return self._split_plain_output(hidden_states)
 
     def _preprocess(
@@ -72,11 +82,6 @@ class Minicpmo45LlmRunner(OmniRunnerBase, vllm_api.GPUModelRunner):
         self._admit_new_request_payloads(scheduler_output)
         return input_ids, inputs_embeds, positions, intermediate_tensors, model_kwargs, ec_connector_output
 
-    @staticmethod
-    def _filter_mrope_kwargs_for_model(model: Any, kwargs: dict[str, Any]) -> dict[str, Any]:
-        """Only the M-RoPE kwargs ``model.get_mrope_input_positions`` accepts (3.7)."""
-        return mrope.filter_mrope_kwargs(model.get_mrope_input_positions, kwargs)
-
     def _should_accumulate_full_payload_output(self) -> bool:
         """Whether this stage keeps a full payload to send at request end (5.2)."""
         # the stage feeds no next stage (next_stage_input is null)
@@ -87,6 +92,20 @@ class Minicpmo45LlmRunner(OmniRunnerBase, vllm_api.GPUModelRunner):
         # no request-end payload declared
         return False
 
+    def _finish_step(self, step: step_outputs.StepSnapshot) -> None:
+        """After sampling: each request's published payload (7.2)."""
+        # outputs.payload_hidden=False: the text hidden states are not published.
+        self.omni_step_payloads = step_outputs.ar_request_payloads(step, include_hidden=False)
+
+    def _sample(self, logits: torch.Tensor | None, spec_decode_metadata: Any) -> Any:
+        """sampler=model: the model's own sampler, vLLM's when it declines (returns None) (7.4)."""
+        if logits is not None and spec_decode_metadata is None:
+            self.input_batch.update_async_output_token_ids()
+            sampled = self.model.sample(logits, vllm_api.model_sampler_metadata(self.input_batch))
+            if sampled is not None:
+                return sampled
+        return super()._sample(logits, spec_decode_metadata)
+
 
 class Minicpmo45LlmWorker(worker_base("auto")):
     """vLLM's worker for this stage: ``worker_cls="omnigen.generated.minicpmo_4_5.llm.Minicpmo45LlmWorker"``.
@@ -95,3 +114,6 @@ class Minicpmo45LlmWorker(worker_base("auto")):
     """
 
     runner_class = Minicpmo45LlmRunner
+    # The model reads these from vLLM's model_config; the worker sets them before building it:
+    # async_chunk from async_chunk, model_stage from stages.llm.model_config.model_stage.
+    model_config_fields = {"async_chunk": False, "model_stage": "llm"}

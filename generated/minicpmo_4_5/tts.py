@@ -2,9 +2,9 @@
 # Regenerate: omnigen build model=minicpmo_4_5
 """MiniCPM-o 4.5, stage `tts`: the runner and the worker vLLM loads for it.
 
-An autoregressive stage that feeds the next stage. It has: per-row preprocess hook.
+An autoregressive stage that feeds the next stage. It has: per-row preprocess hook; output assembly by make_omni_output; the model's own sampler.
 
-Contract clauses (shared/docs/CONTRACT.md): 1.1, 1.1-omni-output, 1.3, 3.1, 3.3, 3.6, 4.1, 4.2, 4.2-every-step, 4.4, 4.5, 5.1, 5.2, 6.
+Contract clauses (shared/docs/CONTRACT.md): 1.1, 1.1-omni-output, 1.3, 3.1, 3.3, 3.6, 4.1, 4.2, 4.2-every-step, 4.4, 4.5, 5.1, 5.2, 6, 7.2, 7.2-make-omni-output, 7.3-finished, 7.4, 7.5, 7.5-text-config, 7.8.
 Serve: vllm serve MODEL_PATH --worker-cls omnigen.generated.minicpmo_4_5.tts.Minicpmo45TtsWorker
 """
 
@@ -14,9 +14,9 @@ from typing import Any
 
 import torch
 
-from omnigen.runtime import phases, vllm_api
+from omnigen.runtime import phases, step_outputs, vllm_api
 from omnigen.runtime.base import OmniRunnerBase
-from omnigen.runtime.outputs import OmniOutput, restore_flattened_omni_output
+from omnigen.runtime.outputs import OmniOutput, as_omni_output, restore_flattened_omni_output
 from omnigen.runtime.worker import worker_base
 
 
@@ -36,27 +36,36 @@ class Minicpmo45TtsRunner(OmniRunnerBase, vllm_api.GPUModelRunner):
         inputs_embeds: torch.Tensor | None = None,
         **model_kwargs: Any,
     ) -> Any:
-        """vLLM's forward with this stage's extra kwargs (1.1)."""
+        """vLLM's forward with this stage's extra kwargs (1.1, 7.2-make-omni-output)."""
         self._sync_local_stage_payloads()
-        buffers_by_row = [
-            self.model_intermediate_buffer.get(req_id, {}) for req_id in self.input_batch.req_ids
-        ]
+        req_ids = list(self.input_batch.req_ids)
+        buffers_by_row = [self.model_intermediate_buffer.get(req_id, {}) for req_id in req_ids]
+        forward_kwargs: dict[str, Any] = {
+            "model_intermediate_buffer": buffers_by_row,
+            "runtime_additional_information": buffers_by_row,
+            **model_kwargs,
+        }
+        # outputs.request_token_spans: each row's (start, end) hidden rows.
+        forward_kwargs["request_token_spans"] = step_outputs.row_spans(self)
         output = super()._model_forward(
             input_ids=input_ids,
             positions=positions,
             intermediate_tensors=intermediate_tensors,
             inputs_embeds=inputs_embeds,
-            model_intermediate_buffer=buffers_by_row,
-            runtime_additional_information=buffers_by_row,
-            **model_kwargs,
+            **forward_kwargs,
         )
-        # outputs.multimodal: a CUDA-graph weak reference may have flattened the OmniOutput.
-        output = restore_flattened_omni_output(output)
+        # outputs.multimodal: a CUDA-graph weak reference may have flattened the OmniOutput,
+        # and vllm-omni's own OmniOutput class is one too (7.2).
+        output = as_omni_output(restore_flattened_omni_output(output))
+        if not isinstance(output, (OmniOutput, vllm_api.IntermediateTensors)):
+            # outputs.make_omni_output: the model assembles the step's OmniOutput (7.2).
+            output = as_omni_output(self.model.make_omni_output(output, **forward_kwargs))
         return self._omni_hand_back(output)
 
     def extract_multimodal_outputs(self, hidden_states: Any) -> tuple[Any, Any]:
         """``(text_hidden_states, payload)`` of a forward output (1.3)."""
-        # outputs.multimodal: an OmniOutput carries this stage's payload.
+        # outputs.multimodal: an OmniOutput (omnigen's or vllm-omni's) carries this stage's payload.
+        hidden_states = as_omni_output(hidden_states)
         if isinstance(hidden_states, OmniOutput):
             return hidden_states.text_hidden_states, hidden_states.multimodal_outputs
         return self._split_plain_output(hidden_states)
@@ -123,9 +132,29 @@ class Minicpmo45TtsRunner(OmniRunnerBase, vllm_api.GPUModelRunner):
         # no request-end payload declared
         return False
 
-    def _on_step_payload(self, payload: Any) -> None:
-        """Accumulate each request's rows of this step's payload for the next stage (5.1)."""
-        self._accumulate_step_payload_rows(payload)
+    def _finish_step(self, step: step_outputs.StepSnapshot) -> None:
+        """After sampling: each request's published payload (5.1, 7.2)."""
+        # outputs.payload_hidden=False: the text hidden states are not published.
+        self.omni_step_payloads = step_outputs.ar_request_payloads(step, include_hidden=False)
+        # a producer with a full-payload function, not in async-chunk mode: the payloads are kept for the next stage (5.1).
+        self._accumulate_request_payloads(self.omni_step_payloads)
+
+    def _sample(self, logits: torch.Tensor | None, spec_decode_metadata: Any) -> Any:
+        """sampler=model: the model's own sampler, vLLM's when it declines (returns None) (7.4)."""
+        if logits is not None and spec_decode_metadata is None:
+            self.input_batch.update_async_output_token_ids()
+            sampled = self.model.sample(logits, vllm_api.model_sampler_metadata(self.input_batch))
+            if sampled is not None:
+                return sampled
+        return super()._sample(logits, spec_decode_metadata)
+
+    def _update_states(self, scheduler_output: Any) -> Any:
+        """vLLM's state update, then the model drops the state of requests that ended (7.3)."""
+        deferred = super()._update_states(scheduler_output)
+        if scheduler_output.finished_req_ids:
+            # on_requests_finished: the model keeps per-request state of its own.
+            self.model.on_requests_finished(scheduler_output.finished_req_ids)
+        return deferred
 
 
 class Minicpmo45TtsWorker(worker_base("auto")):
@@ -135,3 +164,8 @@ class Minicpmo45TtsWorker(worker_base("auto")):
     """
 
     runner_class = Minicpmo45TtsRunner
+    # The model reads these from vLLM's model_config; the worker sets them before building it:
+    # async_chunk from async_chunk, model_stage from stages.tts.model_config.model_stage.
+    model_config_fields = {"async_chunk": False, "model_stage": "tts"}
+    # model_config.hf_config_name: the stage's widths and vocabulary are hf_config.tts_config's.
+    text_config_name = "tts_config"

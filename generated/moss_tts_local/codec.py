@@ -4,7 +4,7 @@
 
 A generation stage that publishes audio.
 
-Contract clauses (shared/docs/CONTRACT.md): 1.1, 1.1-omni-output, 1.3, 4.1, 4.2, 4.2-every-step, 4.4, 4.5, 5.2, 6.
+Contract clauses (shared/docs/CONTRACT.md): 1.1, 1.1-omni-output, 1.3, 4.1, 4.2, 4.2-every-step, 4.4, 4.5, 5.2, 6, 7.2, 7.3, 7.3-finished, 7.5, 7.8.
 Serve: vllm serve MODEL_PATH --worker-cls omnigen.generated.moss_tts_local.codec.MossTtsLocalCodecWorker
 """
 
@@ -14,9 +14,9 @@ from typing import Any
 
 import torch
 
-from omnigen.runtime import vllm_api
+from omnigen.runtime import step_outputs, vllm_api
 from omnigen.runtime.base import OmniRunnerBase
-from omnigen.runtime.outputs import OmniOutput, restore_flattened_omni_output
+from omnigen.runtime.outputs import OmniOutput, as_omni_output, restore_flattened_omni_output
 from omnigen.runtime.worker import worker_base
 
 
@@ -34,27 +34,33 @@ class MossTtsLocalCodecRunner(OmniRunnerBase, vllm_api.GPUModelRunner):
         inputs_embeds: torch.Tensor | None = None,
         **model_kwargs: Any,
     ) -> Any:
-        """vLLM's forward with this stage's extra kwargs (1.1)."""
+        """vLLM's forward with this stage's extra kwargs (1.1, 7.3)."""
         self._sync_local_stage_payloads()
-        buffers_by_row = [
-            self.model_intermediate_buffer.get(req_id, {}) for req_id in self.input_batch.req_ids
-        ]
+        req_ids = list(self.input_batch.req_ids)
+        buffers_by_row = [self.model_intermediate_buffer.get(req_id, {}) for req_id in req_ids]
+        forward_kwargs: dict[str, Any] = {
+            "model_intermediate_buffer": buffers_by_row,
+            "runtime_additional_information": buffers_by_row,
+            **model_kwargs,
+        }
+        # generation.seq_token_counts: the model splits the step's codes per request.
+        forward_kwargs["seq_token_counts"] = [end - start for start, end in step_outputs.row_spans(self)]
         output = super()._model_forward(
             input_ids=input_ids,
             positions=positions,
             intermediate_tensors=intermediate_tensors,
             inputs_embeds=inputs_embeds,
-            model_intermediate_buffer=buffers_by_row,
-            runtime_additional_information=buffers_by_row,
-            **model_kwargs,
+            **forward_kwargs,
         )
-        # outputs.multimodal: a CUDA-graph weak reference may have flattened the OmniOutput.
-        output = restore_flattened_omni_output(output)
+        # outputs.multimodal: a CUDA-graph weak reference may have flattened the OmniOutput,
+        # and vllm-omni's own OmniOutput class is one too (7.2).
+        output = as_omni_output(restore_flattened_omni_output(output))
         return self._omni_hand_back(output)
 
     def extract_multimodal_outputs(self, hidden_states: Any) -> tuple[Any, Any]:
         """``(text_hidden_states, payload)`` of a forward output (1.3)."""
-        # outputs.multimodal: an OmniOutput carries this stage's payload.
+        # outputs.multimodal: an OmniOutput (omnigen's or vllm-omni's) carries this stage's payload.
+        hidden_states = as_omni_output(hidden_states)
         if isinstance(hidden_states, OmniOutput):
             return hidden_states.text_hidden_states, hidden_states.multimodal_outputs
         return self._split_plain_output(hidden_states)
@@ -90,6 +96,29 @@ class MossTtsLocalCodecRunner(OmniRunnerBase, vllm_api.GPUModelRunner):
         # no request-end payload declared
         return False
 
+    def sample_tokens(self, grammar_output: Any = None) -> Any:
+        """A generation step samples nothing: each request's output is published, and a request
+        whose inputs are all in finishes (7.3)."""
+        step, self._omni_step = self._omni_step, None
+        if step is None:
+            return super().sample_tokens(grammar_output)
+        state, self.execute_model_state = self.execute_model_state, None
+        kv_connector_output, self.kv_connector_output = self.kv_connector_output, None
+        self.omni_step_payloads = step_outputs.generation_request_payloads(step)
+        return vllm_api.generation_step_output(self, state.scheduler_output, kv_connector_output)
+
+    def _dummy_sampler_run(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        # kind=generation: vLLM's profiling pass of the sampler has nothing to sample.
+        return torch.empty(0, device=hidden_states.device)
+
+    def _update_states(self, scheduler_output: Any) -> Any:
+        """vLLM's state update, then the model drops the state of requests that ended (7.3)."""
+        deferred = super()._update_states(scheduler_output)
+        if scheduler_output.finished_req_ids:
+            # on_requests_finished: the model keeps per-request state of its own.
+            self.model.on_requests_finished(scheduler_output.finished_req_ids)
+        return deferred
+
 
 class MossTtsLocalCodecWorker(worker_base("auto")):
     """vLLM's worker for this stage: ``worker_cls="omnigen.generated.moss_tts_local.codec.MossTtsLocalCodecWorker"``.
@@ -98,3 +127,6 @@ class MossTtsLocalCodecWorker(worker_base("auto")):
     """
 
     runner_class = MossTtsLocalCodecRunner
+    # The model reads these from vLLM's model_config; the worker sets them before building it:
+    # async_chunk from async_chunk.
+    model_config_fields = {"async_chunk": False}

@@ -2,9 +2,9 @@
 # Regenerate: omnigen build model=moss_tts_local
 """MOSS-TTS-Local, stage `talker`: the runner and the worker vLLM loads for it.
 
-An autoregressive stage. It has: per-row preprocess hook; batched decode preprocessing (mtp); talker MTP (graph safe, per-row generators never).
+An autoregressive stage. It has: per-row preprocess hook; batched decode preprocessing (mtp); talker MTP (graph safe, per-row generators never); post-forward hook; output assembly by make_omni_output.
 
-Contract clauses (shared/docs/CONTRACT.md): 1.1, 1.1-omni-output, 1.3, 2.1, 2.2, 2.3, 3.1, 3.2, 3.3, 3.3-batch-mtp, 3.4, 3.5, 3.6, 4.1, 4.2, 4.2-every-step, 4.4, 4.5, 5.2, 6.
+Contract clauses (shared/docs/CONTRACT.md): 1.1, 1.1-omni-output, 1.3, 2.1, 2.2, 2.3, 3.1, 3.2, 3.3, 3.3-batch-mtp, 3.4, 3.5, 3.6, 4.1, 4.2, 4.2-every-step, 4.4, 4.5, 5.2, 6, 7.1, 7.2, 7.2-make-omni-output, 7.5, 7.7-logits-metadata, 7.8.
 Serve: vllm serve MODEL_PATH --worker-cls omnigen.generated.moss_tts_local.talker.MossTtsLocalTalkerWorker
 """
 
@@ -15,9 +15,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from omnigen.runtime import mtp, phases, vllm_api
+from omnigen.runtime import mtp, phases, step_outputs, vllm_api
 from omnigen.runtime.base import OmniRunnerBase
-from omnigen.runtime.outputs import OmniOutput, restore_flattened_omni_output
+from omnigen.runtime.outputs import OmniOutput, as_omni_output, restore_flattened_omni_output
 from omnigen.runtime.worker import worker_base
 
 
@@ -26,6 +26,10 @@ class MossTtsLocalTalkerRunner(OmniRunnerBase, vllm_api.GPUModelRunner):
 
     OMNI_MODEL = "moss_tts_local"
     OMNI_STAGE = "talker"
+    # buffers.gpu_resident: these buffer keys keep their tensors on the device.
+    GPU_RESIDENT_KEYS = frozenset(
+        {("audio_codes", "accumulated"), ("audio_codes", "current"), ("hidden_states", "last")}
+    )
     # mtp.output_key: where the predicted codes land in a request's buffer.
     MTP_OUTPUT_KEY = ("audio_codes", "current")
     # mtp.sampling: no stage defaults.
@@ -63,27 +67,36 @@ class MossTtsLocalTalkerRunner(OmniRunnerBase, vllm_api.GPUModelRunner):
         inputs_embeds: torch.Tensor | None = None,
         **model_kwargs: Any,
     ) -> Any:
-        """vLLM's forward with this stage's extra kwargs (1.1)."""
+        """vLLM's forward with this stage's extra kwargs (1.1, 7.2-make-omni-output)."""
         self._sync_local_stage_payloads()
-        buffers_by_row = [
-            self.model_intermediate_buffer.get(req_id, {}) for req_id in self.input_batch.req_ids
-        ]
+        req_ids = list(self.input_batch.req_ids)
+        buffers_by_row = [self.model_intermediate_buffer.get(req_id, {}) for req_id in req_ids]
+        forward_kwargs: dict[str, Any] = {
+            "model_intermediate_buffer": buffers_by_row,
+            "runtime_additional_information": buffers_by_row,
+            **model_kwargs,
+        }
+        # outputs.request_token_spans: each row's (start, end) hidden rows.
+        forward_kwargs["request_token_spans"] = step_outputs.row_spans(self)
         output = super()._model_forward(
             input_ids=input_ids,
             positions=positions,
             intermediate_tensors=intermediate_tensors,
             inputs_embeds=inputs_embeds,
-            model_intermediate_buffer=buffers_by_row,
-            runtime_additional_information=buffers_by_row,
-            **model_kwargs,
+            **forward_kwargs,
         )
-        # outputs.multimodal: a CUDA-graph weak reference may have flattened the OmniOutput.
-        output = restore_flattened_omni_output(output)
+        # outputs.multimodal: a CUDA-graph weak reference may have flattened the OmniOutput,
+        # and vllm-omni's own OmniOutput class is one too (7.2).
+        output = as_omni_output(restore_flattened_omni_output(output))
+        if not isinstance(output, (OmniOutput, vllm_api.IntermediateTensors)):
+            # outputs.make_omni_output: the model assembles the step's OmniOutput (7.2).
+            output = as_omni_output(self.model.make_omni_output(output, **forward_kwargs))
         return self._omni_hand_back(output)
 
     def extract_multimodal_outputs(self, hidden_states: Any) -> tuple[Any, Any]:
         """``(text_hidden_states, payload)`` of a forward output (1.3)."""
-        # outputs.multimodal: an OmniOutput carries this stage's payload.
+        # outputs.multimodal: an OmniOutput (omnigen's or vllm-omni's) carries this stage's payload.
+        hidden_states = as_omni_output(hidden_states)
         if isinstance(hidden_states, OmniOutput):
             return hidden_states.text_hidden_states, hidden_states.multimodal_outputs
         return self._split_plain_output(hidden_states)
@@ -240,8 +253,8 @@ class MossTtsLocalTalkerRunner(OmniRunnerBase, vllm_api.GPUModelRunner):
         mtp.scatter_rows(inputs_embeds, start_offsets, embeds_out)
         if codes is None:
             return
-        # mtp.output_key audio_codes.current is not GPU-resident: one host copy, a row view per request.
-        rows = codes[:batch].detach().to("cpu").split(1)
+        # buffers.gpu_resident holds audio_codes.current: one owned device copy, a row view per request.
+        rows = codes[:batch].detach().clone().split(1)
         mtp.store_code_rows(self, req_ids, rows, self.MTP_OUTPUT_KEY)
 
     def _talker_mtp_forward_row_by_row(
@@ -276,6 +289,26 @@ class MossTtsLocalTalkerRunner(OmniRunnerBase, vllm_api.GPUModelRunner):
         # no request-end payload declared
         return False
 
+    def _finish_step(self, step: step_outputs.StepSnapshot) -> None:
+        """After sampling: the post-forward hook on each row, then each request's published payload (7.1, 7.2)."""
+        for _row, req_id, start, end in step.rows():
+            # postprocess.hook: the update lands in the buffer before the next step's preprocess.
+            update = self.model.postprocess(
+                step.hidden[start:end],
+                multimodal_outputs=None,
+            )
+            self._update_intermediate_buffer(req_id, update)
+        # outputs.payload_hidden=False: the text hidden states are not published.
+        self.omni_step_payloads = step_outputs.ar_request_payloads(step, include_hidden=False)
+
+    def execute_model(self, scheduler_output: Any, intermediate_tensors: Any = None) -> Any:
+        """vLLM's step, with ``compute_logits`` given vLLM's sampling metadata (7.7)."""
+        # outputs.logits_sampling_metadata: the model's logits depend on the requests' history.
+        with vllm_api.compute_logits_with_sampling_metadata(
+            self.model, lambda: self.input_batch.sampling_metadata
+        ):
+            return super().execute_model(scheduler_output, intermediate_tensors)
+
 
 class MossTtsLocalTalkerWorker(worker_base("auto")):
     """vLLM's worker for this stage: ``worker_cls="omnigen.generated.moss_tts_local.talker.MossTtsLocalTalkerWorker"``.
@@ -284,3 +317,6 @@ class MossTtsLocalTalkerWorker(worker_base("auto")):
     """
 
     runner_class = MossTtsLocalTalkerRunner
+    # The model reads these from vLLM's model_config; the worker sets them before building it:
+    # async_chunk from async_chunk.
+    model_config_fields = {"async_chunk": False}

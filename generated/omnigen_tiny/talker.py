@@ -4,7 +4,7 @@
 
 An autoregressive stage that feeds the next stage. It has: per-row preprocess hook; batched decode preprocessing (mtp); talker MTP (graph safe, per-row generators eager_only).
 
-Contract clauses (shared/docs/CONTRACT.md): 1.1, 1.1-omni-output, 1.3, 2.1, 2.2, 2.3, 3.1, 3.2, 3.3, 3.3-batch-mtp, 3.4, 3.5, 3.6, 4.1, 4.2, 4.2-every-step, 4.4, 4.5, 5.1, 5.2, 6.
+Contract clauses (shared/docs/CONTRACT.md): 1.1, 1.1-omni-output, 1.3, 2.1, 2.2, 2.3, 3.1, 3.2, 3.3, 3.3-batch-mtp, 3.4, 3.5, 3.6, 4.1, 4.2, 4.2-every-step, 4.4, 4.5, 5.1, 5.2, 6, 7.2, 7.5, 7.8.
 Serve: vllm serve MODEL_PATH --worker-cls omnigen.generated.omnigen_tiny.talker.OmnigenTinyTalkerWorker
 """
 
@@ -15,9 +15,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from omnigen.runtime import mtp, phases, vllm_api
+from omnigen.runtime import mtp, phases, step_outputs, vllm_api
 from omnigen.runtime.base import OmniRunnerBase
-from omnigen.runtime.outputs import OmniOutput, restore_flattened_omni_output
+from omnigen.runtime.outputs import OmniOutput, as_omni_output, restore_flattened_omni_output
 from omnigen.runtime.worker import worker_base
 
 
@@ -65,25 +65,29 @@ class OmnigenTinyTalkerRunner(OmniRunnerBase, vllm_api.GPUModelRunner):
     ) -> Any:
         """vLLM's forward with this stage's extra kwargs (1.1)."""
         self._sync_local_stage_payloads()
-        buffers_by_row = [
-            self.model_intermediate_buffer.get(req_id, {}) for req_id in self.input_batch.req_ids
-        ]
+        req_ids = list(self.input_batch.req_ids)
+        buffers_by_row = [self.model_intermediate_buffer.get(req_id, {}) for req_id in req_ids]
+        forward_kwargs: dict[str, Any] = {
+            "model_intermediate_buffer": buffers_by_row,
+            "runtime_additional_information": buffers_by_row,
+            **model_kwargs,
+        }
         output = super()._model_forward(
             input_ids=input_ids,
             positions=positions,
             intermediate_tensors=intermediate_tensors,
             inputs_embeds=inputs_embeds,
-            model_intermediate_buffer=buffers_by_row,
-            runtime_additional_information=buffers_by_row,
-            **model_kwargs,
+            **forward_kwargs,
         )
-        # outputs.multimodal: a CUDA-graph weak reference may have flattened the OmniOutput.
-        output = restore_flattened_omni_output(output)
+        # outputs.multimodal: a CUDA-graph weak reference may have flattened the OmniOutput,
+        # and vllm-omni's own OmniOutput class is one too (7.2).
+        output = as_omni_output(restore_flattened_omni_output(output))
         return self._omni_hand_back(output)
 
     def extract_multimodal_outputs(self, hidden_states: Any) -> tuple[Any, Any]:
         """``(text_hidden_states, payload)`` of a forward output (1.3)."""
-        # outputs.multimodal: an OmniOutput carries this stage's payload.
+        # outputs.multimodal: an OmniOutput (omnigen's or vllm-omni's) carries this stage's payload.
+        hidden_states = as_omni_output(hidden_states)
         if isinstance(hidden_states, OmniOutput):
             return hidden_states.text_hidden_states, hidden_states.multimodal_outputs
         return self._split_plain_output(hidden_states)
@@ -277,9 +281,12 @@ class OmnigenTinyTalkerRunner(OmniRunnerBase, vllm_api.GPUModelRunner):
         # no request-end payload declared
         return False
 
-    def _on_step_payload(self, payload: Any) -> None:
-        """Accumulate each request's rows of this step's payload for the next stage (5.1)."""
-        self._accumulate_step_payload_rows(payload)
+    def _finish_step(self, step: step_outputs.StepSnapshot) -> None:
+        """After sampling: each request's published payload (5.1, 7.2)."""
+        # outputs.payload_hidden=False: the text hidden states are not published.
+        self.omni_step_payloads = step_outputs.ar_request_payloads(step, include_hidden=False)
+        # a producer with a full-payload function, not in async-chunk mode: the payloads are kept for the next stage (5.1).
+        self._accumulate_request_payloads(self.omni_step_payloads)
 
 
 class OmnigenTinyTalkerWorker(worker_base("auto")):
@@ -289,3 +296,6 @@ class OmnigenTinyTalkerWorker(worker_base("auto")):
     """
 
     runner_class = OmnigenTinyTalkerRunner
+    # The model reads these from vLLM's model_config; the worker sets them before building it:
+    # async_chunk from async_chunk.
+    model_config_fields = {"async_chunk": False}

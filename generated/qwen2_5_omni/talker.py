@@ -4,7 +4,7 @@
 
 An autoregressive stage that feeds the next stage. It has: per-row preprocess hook.
 
-Contract clauses (shared/docs/CONTRACT.md): 1.1, 1.1-omni-output, 1.3, 3.1, 3.3, 3.6, 4.1, 4.2, 4.2-every-step, 4.4, 4.5, 5.1, 5.2, 6.
+Contract clauses (shared/docs/CONTRACT.md): 1.1, 1.1-omni-output, 1.3, 3.1, 3.3, 3.6, 3.7, 4.1, 4.2, 4.2-every-step, 4.4, 4.5, 5.1, 5.2, 6, 7.2, 7.5, 7.5-text-config, 7.7-logits-metadata, 7.8.
 Serve: vllm serve MODEL_PATH --worker-cls omnigen.generated.qwen2_5_omni.talker.Qwen25OmniTalkerWorker
 """
 
@@ -14,9 +14,9 @@ from typing import Any
 
 import torch
 
-from omnigen.runtime import phases, vllm_api
+from omnigen.runtime import mrope, phases, step_outputs, vllm_api
 from omnigen.runtime.base import OmniRunnerBase
-from omnigen.runtime.outputs import OmniOutput, restore_flattened_omni_output
+from omnigen.runtime.outputs import OmniOutput, as_omni_output, restore_flattened_omni_output
 from omnigen.runtime.worker import worker_base
 
 
@@ -36,25 +36,29 @@ class Qwen25OmniTalkerRunner(OmniRunnerBase, vllm_api.GPUModelRunner):
     ) -> Any:
         """vLLM's forward with this stage's extra kwargs (1.1)."""
         self._sync_local_stage_payloads()
-        buffers_by_row = [
-            self.model_intermediate_buffer.get(req_id, {}) for req_id in self.input_batch.req_ids
-        ]
+        req_ids = list(self.input_batch.req_ids)
+        buffers_by_row = [self.model_intermediate_buffer.get(req_id, {}) for req_id in req_ids]
+        forward_kwargs: dict[str, Any] = {
+            "model_intermediate_buffer": buffers_by_row,
+            "runtime_additional_information": buffers_by_row,
+            **model_kwargs,
+        }
         output = super()._model_forward(
             input_ids=input_ids,
             positions=positions,
             intermediate_tensors=intermediate_tensors,
             inputs_embeds=inputs_embeds,
-            model_intermediate_buffer=buffers_by_row,
-            runtime_additional_information=buffers_by_row,
-            **model_kwargs,
+            **forward_kwargs,
         )
-        # outputs.multimodal: a CUDA-graph weak reference may have flattened the OmniOutput.
-        output = restore_flattened_omni_output(output)
+        # outputs.multimodal: a CUDA-graph weak reference may have flattened the OmniOutput,
+        # and vllm-omni's own OmniOutput class is one too (7.2).
+        output = as_omni_output(restore_flattened_omni_output(output))
         return self._omni_hand_back(output)
 
     def extract_multimodal_outputs(self, hidden_states: Any) -> tuple[Any, Any]:
         """``(text_hidden_states, payload)`` of a forward output (1.3)."""
-        # outputs.multimodal: an OmniOutput carries this stage's payload.
+        # outputs.multimodal: an OmniOutput (omnigen's or vllm-omni's) carries this stage's payload.
+        hidden_states = as_omni_output(hidden_states)
         if isinstance(hidden_states, OmniOutput):
             return hidden_states.text_hidden_states, hidden_states.multimodal_outputs
         return self._split_plain_output(hidden_states)
@@ -111,6 +115,11 @@ class Qwen25OmniTalkerRunner(OmniRunnerBase, vllm_api.GPUModelRunner):
             if isinstance(ids_out, torch.Tensor) and ids_out.numel() == written:
                 input_ids[start : start + written] = ids_out
 
+    @staticmethod
+    def _filter_mrope_kwargs_for_model(model: Any, kwargs: dict[str, Any]) -> dict[str, Any]:
+        """Only the M-RoPE kwargs ``model.get_mrope_input_positions`` accepts (3.7)."""
+        return mrope.filter_mrope_kwargs(model.get_mrope_input_positions, kwargs)
+
     def _should_accumulate_full_payload_output(self) -> bool:
         """Whether this stage keeps a full payload to send at request end (5.2)."""
         # a producer with a full-payload function, not in async-chunk mode
@@ -121,9 +130,20 @@ class Qwen25OmniTalkerRunner(OmniRunnerBase, vllm_api.GPUModelRunner):
         # no request-end payload declared
         return False
 
-    def _on_step_payload(self, payload: Any) -> None:
-        """Accumulate each request's rows of this step's payload for the next stage (5.1)."""
-        self._accumulate_step_payload_rows(payload)
+    def _finish_step(self, step: step_outputs.StepSnapshot) -> None:
+        """After sampling: each request's published payload (5.1, 7.2)."""
+        # outputs.payload_hidden=False: the text hidden states are not published.
+        self.omni_step_payloads = step_outputs.ar_request_payloads(step, include_hidden=False)
+        # a producer with a full-payload function, not in async-chunk mode: the payloads are kept for the next stage (5.1).
+        self._accumulate_request_payloads(self.omni_step_payloads)
+
+    def execute_model(self, scheduler_output: Any, intermediate_tensors: Any = None) -> Any:
+        """vLLM's step, with ``compute_logits`` given vLLM's sampling metadata (7.7)."""
+        # outputs.logits_sampling_metadata: the model's logits depend on the requests' history.
+        with vllm_api.compute_logits_with_sampling_metadata(
+            self.model, lambda: self.input_batch.sampling_metadata
+        ):
+            return super().execute_model(scheduler_output, intermediate_tensors)
 
 
 class Qwen25OmniTalkerWorker(worker_base("auto")):
@@ -133,3 +153,8 @@ class Qwen25OmniTalkerWorker(worker_base("auto")):
     """
 
     runner_class = Qwen25OmniTalkerRunner
+    # The model reads these from vLLM's model_config; the worker sets them before building it:
+    # async_chunk from async_chunk, model_stage from stages.talker.model_config.model_stage.
+    model_config_fields = {"async_chunk": False, "model_stage": "talker"}
+    # model_config.hf_config_name: the stage's widths and vocabulary are hf_config.talker_config's.
+    text_config_name = "talker_config"

@@ -4,7 +4,7 @@
 
 An autoregressive stage that publishes text and feeds the next stage.
 
-Contract clauses (shared/docs/CONTRACT.md): 1.1, 1.3, 3.7, 4.1, 4.2, 4.4, 4.5, 5.1, 5.2, 6.
+Contract clauses (shared/docs/CONTRACT.md): 1.1, 1.3, 3.7, 4.1, 4.2, 4.4, 4.5, 5.1, 5.2, 6, 7.2, 7.5, 7.5-text-config, 7.7-logits-metadata, 7.8.
 Serve: vllm serve MODEL_PATH --worker-cls omnigen.generated.qwen2_5_omni.thinker.Qwen25OmniThinkerWorker
 """
 
@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from omnigen.runtime import mrope, vllm_api
+from omnigen.runtime import mrope, step_outputs, vllm_api
 from omnigen.runtime.base import OmniRunnerBase
 from omnigen.runtime.worker import worker_base
 
@@ -35,17 +35,19 @@ class Qwen25OmniThinkerRunner(OmniRunnerBase, vllm_api.GPUModelRunner):
     ) -> Any:
         """vLLM's forward with this stage's extra kwargs (1.1)."""
         self._sync_local_stage_payloads()
-        buffers_by_row = [
-            self.model_intermediate_buffer.get(req_id, {}) for req_id in self.input_batch.req_ids
-        ]
+        req_ids = list(self.input_batch.req_ids)
+        buffers_by_row = [self.model_intermediate_buffer.get(req_id, {}) for req_id in req_ids]
+        forward_kwargs: dict[str, Any] = {
+            "model_intermediate_buffer": buffers_by_row,
+            "runtime_additional_information": buffers_by_row,
+            **model_kwargs,
+        }
         output = super()._model_forward(
             input_ids=input_ids,
             positions=positions,
             intermediate_tensors=intermediate_tensors,
             inputs_embeds=inputs_embeds,
-            model_intermediate_buffer=buffers_by_row,
-            runtime_additional_information=buffers_by_row,
-            **model_kwargs,
+            **forward_kwargs,
         )
         return self._omni_hand_back(output)
 
@@ -87,9 +89,20 @@ class Qwen25OmniThinkerRunner(OmniRunnerBase, vllm_api.GPUModelRunner):
         # no request-end payload declared
         return False
 
-    def _on_step_payload(self, payload: Any) -> None:
-        """Accumulate each request's rows of this step's payload for the next stage (5.1)."""
-        self._accumulate_step_payload_rows(payload)
+    def _finish_step(self, step: step_outputs.StepSnapshot) -> None:
+        """After sampling: each request's published payload (5.1, 7.2)."""
+        # outputs.payload_hidden=False: the text hidden states are not published.
+        self.omni_step_payloads = step_outputs.ar_request_payloads(step, include_hidden=False)
+        # a producer with a full-payload function, not in async-chunk mode: the payloads are kept for the next stage (5.1).
+        self._accumulate_request_payloads(self.omni_step_payloads)
+
+    def execute_model(self, scheduler_output: Any, intermediate_tensors: Any = None) -> Any:
+        """vLLM's step, with ``compute_logits`` given vLLM's sampling metadata (7.7)."""
+        # outputs.logits_sampling_metadata: the model's logits depend on the requests' history.
+        with vllm_api.compute_logits_with_sampling_metadata(
+            self.model, lambda: self.input_batch.sampling_metadata
+        ):
+            return super().execute_model(scheduler_output, intermediate_tensors)
 
 
 class Qwen25OmniThinkerWorker(worker_base("auto")):
@@ -99,3 +112,8 @@ class Qwen25OmniThinkerWorker(worker_base("auto")):
     """
 
     runner_class = Qwen25OmniThinkerRunner
+    # The model reads these from vLLM's model_config; the worker sets them before building it:
+    # async_chunk from async_chunk, model_stage from stages.thinker.model_config.model_stage.
+    model_config_fields = {"async_chunk": False, "model_stage": "thinker"}
+    # model_config.hf_config_name: the stage's widths and vocabulary are hf_config.thinker_config's.
+    text_config_name = "thinker_config"

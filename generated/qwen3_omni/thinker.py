@@ -2,9 +2,9 @@
 # Regenerate: omnigen build model=qwen3_omni
 """Qwen3-Omni, stage `thinker`: the runner and the worker vLLM loads for it.
 
-An autoregressive stage that publishes text and feeds the next stage.
+An autoregressive stage that publishes text and feeds the next stage. It has: output assembly by make_omni_output.
 
-Contract clauses (shared/docs/CONTRACT.md): 1.1, 1.3, 3.7, 4.1, 4.2, 4.4, 4.5, 5.2, 6.
+Contract clauses (shared/docs/CONTRACT.md): 1.1, 1.1-omni-output, 1.3, 3.7, 4.1, 4.2, 4.4, 4.5, 5.2, 6, 7.2, 7.2-make-omni-output, 7.5, 7.5-text-config, 7.7-logits-metadata, 7.8.
 Serve: vllm serve MODEL_PATH --worker-cls omnigen.generated.qwen3_omni.thinker.Qwen3OmniThinkerWorker
 """
 
@@ -14,8 +14,9 @@ from typing import Any
 
 import torch
 
-from omnigen.runtime import mrope, vllm_api
+from omnigen.runtime import mrope, step_outputs, vllm_api
 from omnigen.runtime.base import OmniRunnerBase
+from omnigen.runtime.outputs import OmniOutput, as_omni_output, restore_flattened_omni_output
 from omnigen.runtime.worker import worker_base
 
 
@@ -33,24 +34,36 @@ class Qwen3OmniThinkerRunner(OmniRunnerBase, vllm_api.GPUModelRunner):
         inputs_embeds: torch.Tensor | None = None,
         **model_kwargs: Any,
     ) -> Any:
-        """vLLM's forward with this stage's extra kwargs (1.1)."""
+        """vLLM's forward with this stage's extra kwargs (1.1, 7.2-make-omni-output)."""
         self._sync_local_stage_payloads()
-        buffers_by_row = [
-            self.model_intermediate_buffer.get(req_id, {}) for req_id in self.input_batch.req_ids
-        ]
+        req_ids = list(self.input_batch.req_ids)
+        buffers_by_row = [self.model_intermediate_buffer.get(req_id, {}) for req_id in req_ids]
+        forward_kwargs: dict[str, Any] = {
+            "model_intermediate_buffer": buffers_by_row,
+            "runtime_additional_information": buffers_by_row,
+            **model_kwargs,
+        }
         output = super()._model_forward(
             input_ids=input_ids,
             positions=positions,
             intermediate_tensors=intermediate_tensors,
             inputs_embeds=inputs_embeds,
-            model_intermediate_buffer=buffers_by_row,
-            runtime_additional_information=buffers_by_row,
-            **model_kwargs,
+            **forward_kwargs,
         )
+        # outputs.multimodal: a CUDA-graph weak reference may have flattened the OmniOutput,
+        # and vllm-omni's own OmniOutput class is one too (7.2).
+        output = as_omni_output(restore_flattened_omni_output(output))
+        if not isinstance(output, (OmniOutput, vllm_api.IntermediateTensors)):
+            # outputs.make_omni_output: the model assembles the step's OmniOutput (7.2).
+            output = as_omni_output(self.model.make_omni_output(output, **forward_kwargs))
         return self._omni_hand_back(output)
 
     def extract_multimodal_outputs(self, hidden_states: Any) -> tuple[Any, Any]:
         """``(text_hidden_states, payload)`` of a forward output (1.3)."""
+        # outputs.multimodal: an OmniOutput (omnigen's or vllm-omni's) carries this stage's payload.
+        hidden_states = as_omni_output(hidden_states)
+        if isinstance(hidden_states, OmniOutput):
+            return hidden_states.text_hidden_states, hidden_states.multimodal_outputs
         return self._split_plain_output(hidden_states)
 
     def _preprocess(
@@ -87,6 +100,19 @@ class Qwen3OmniThinkerRunner(OmniRunnerBase, vllm_api.GPUModelRunner):
         # no request-end payload declared
         return False
 
+    def _finish_step(self, step: step_outputs.StepSnapshot) -> None:
+        """After sampling: each request's published payload (7.2)."""
+        # outputs.payload_hidden=True: each request's text hidden rows are published as hidden.
+        self.omni_step_payloads = step_outputs.ar_request_payloads(step, include_hidden=True)
+
+    def execute_model(self, scheduler_output: Any, intermediate_tensors: Any = None) -> Any:
+        """vLLM's step, with ``compute_logits`` given vLLM's sampling metadata (7.7)."""
+        # outputs.logits_sampling_metadata: the model's logits depend on the requests' history.
+        with vllm_api.compute_logits_with_sampling_metadata(
+            self.model, lambda: self.input_batch.sampling_metadata
+        ):
+            return super().execute_model(scheduler_output, intermediate_tensors)
+
 
 class Qwen3OmniThinkerWorker(worker_base("auto")):
     """vLLM's worker for this stage: ``worker_cls="omnigen.generated.qwen3_omni.thinker.Qwen3OmniThinkerWorker"``.
@@ -95,3 +121,8 @@ class Qwen3OmniThinkerWorker(worker_base("auto")):
     """
 
     runner_class = Qwen3OmniThinkerRunner
+    # The model reads these from vLLM's model_config; the worker sets them before building it:
+    # async_chunk from async_chunk, model_stage from stages.thinker.model_config.model_stage.
+    model_config_fields = {"async_chunk": True, "model_stage": "thinker"}
+    # model_config.hf_config_name: the stage's widths and vocabulary are hf_config.thinker_config's.
+    text_config_name = "thinker_config"

@@ -2,9 +2,9 @@
 # Regenerate: omnigen build model=qwen3_tts
 """Qwen3-TTS, stage `qwen3_tts`: the runner and the worker vLLM loads for it.
 
-An autoregressive stage that feeds the next stage. It has: per-row preprocess hook; batched decode preprocessing (mtp); talker MTP (graph safe, per-row generators eager_only).
+An autoregressive stage that feeds the next stage. It has: per-row preprocess hook; batched decode preprocessing (mtp); talker MTP (graph safe, per-row generators eager_only); post-forward hook; output assembly by make_omni_output; text-only M-RoPE positions.
 
-Contract clauses (shared/docs/CONTRACT.md): 1.1, 1.1-omni-output, 1.3, 2.1, 2.2, 2.3, 3.1, 3.2, 3.3, 3.3-batch-mtp, 3.4, 3.5, 3.6, 4.1, 4.2, 4.2-every-step, 4.4, 4.5, 5.2, 6.
+Contract clauses (shared/docs/CONTRACT.md): 1.1, 1.1-omni-output, 1.3, 2.1, 2.2, 2.3, 3.1, 3.2, 3.3, 3.3-batch-mtp, 3.4, 3.5, 3.6, 4.1, 4.2, 4.2-every-step, 4.4, 4.5, 5.2, 6, 7.1, 7.2, 7.2-make-omni-output, 7.5, 7.6, 7.7-batch-req-ids, 7.7-logits-metadata, 7.8.
 Serve: vllm serve MODEL_PATH --worker-cls omnigen.generated.qwen3_tts.qwen3_tts.Qwen3TtsWorker
 """
 
@@ -15,9 +15,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from omnigen.runtime import mtp, phases, vllm_api
+from omnigen.runtime import mrope, mtp, phases, step_outputs, vllm_api
 from omnigen.runtime.base import OmniRunnerBase
-from omnigen.runtime.outputs import OmniOutput, restore_flattened_omni_output
+from omnigen.runtime.outputs import OmniOutput, as_omni_output, restore_flattened_omni_output
 from omnigen.runtime.worker import worker_base
 
 
@@ -26,6 +26,10 @@ class Qwen3TtsRunner(OmniRunnerBase, vllm_api.GPUModelRunner):
 
     OMNI_MODEL = "qwen3_tts"
     OMNI_STAGE = "qwen3_tts"
+    # buffers.gpu_resident: these buffer keys keep their tensors on the device.
+    GPU_RESIDENT_KEYS = frozenset(
+        {("codes", "audio"), ("hidden_states", "last"), ("hidden_states", "trailing_text")}
+    )
     # mtp.output_key: where the predicted codes land in a request's buffer.
     MTP_OUTPUT_KEY = ("codes", "audio")
     # mtp.sampling: the stage's defaults; a deployment's subtalker_sampling_params wins.
@@ -63,27 +67,36 @@ class Qwen3TtsRunner(OmniRunnerBase, vllm_api.GPUModelRunner):
         inputs_embeds: torch.Tensor | None = None,
         **model_kwargs: Any,
     ) -> Any:
-        """vLLM's forward with this stage's extra kwargs (1.1)."""
+        """vLLM's forward with this stage's extra kwargs (1.1, 7.2-make-omni-output, 7.7-batch-req-ids)."""
         self._sync_local_stage_payloads()
-        buffers_by_row = [
-            self.model_intermediate_buffer.get(req_id, {}) for req_id in self.input_batch.req_ids
-        ]
+        req_ids = list(self.input_batch.req_ids)
+        buffers_by_row = [self.model_intermediate_buffer.get(req_id, {}) for req_id in req_ids]
+        forward_kwargs: dict[str, Any] = {
+            "model_intermediate_buffer": buffers_by_row,
+            "runtime_additional_information": buffers_by_row,
+            **model_kwargs,
+        }
         output = super()._model_forward(
             input_ids=input_ids,
             positions=positions,
             intermediate_tensors=intermediate_tensors,
             inputs_embeds=inputs_embeds,
-            model_intermediate_buffer=buffers_by_row,
-            runtime_additional_information=buffers_by_row,
-            **model_kwargs,
+            **forward_kwargs,
         )
-        # outputs.multimodal: a CUDA-graph weak reference may have flattened the OmniOutput.
-        output = restore_flattened_omni_output(output)
+        # outputs.multimodal: a CUDA-graph weak reference may have flattened the OmniOutput,
+        # and vllm-omni's own OmniOutput class is one too (7.2).
+        output = as_omni_output(restore_flattened_omni_output(output))
+        if not isinstance(output, (OmniOutput, vllm_api.IntermediateTensors)):
+            # outputs.make_omni_output: the model assembles the step's OmniOutput (7.2).
+            output = as_omni_output(self.model.make_omni_output(output, **forward_kwargs))
+        # outputs.set_batch_req_ids: the model gates its logits per request (7.7).
+        self.model.set_batch_req_ids(req_ids)
         return self._omni_hand_back(output)
 
     def extract_multimodal_outputs(self, hidden_states: Any) -> tuple[Any, Any]:
         """``(text_hidden_states, payload)`` of a forward output (1.3)."""
-        # outputs.multimodal: an OmniOutput carries this stage's payload.
+        # outputs.multimodal: an OmniOutput (omnigen's or vllm-omni's) carries this stage's payload.
+        hidden_states = as_omni_output(hidden_states)
         if isinstance(hidden_states, OmniOutput):
             return hidden_states.text_hidden_states, hidden_states.multimodal_outputs
         return self._split_plain_output(hidden_states)
@@ -245,8 +258,8 @@ class Qwen3TtsRunner(OmniRunnerBase, vllm_api.GPUModelRunner):
         mtp.scatter_rows(inputs_embeds, start_offsets, embeds_out)
         if codes is None:
             return
-        # mtp.output_key codes.audio is not GPU-resident: one host copy, a row view per request.
-        rows = codes[:batch].detach().to("cpu").split(1)
+        # buffers.gpu_resident holds codes.audio: one owned device copy, a row view per request.
+        rows = codes[:batch].detach().clone().split(1)
         mtp.store_code_rows(self, req_ids, rows, self.MTP_OUTPUT_KEY)
 
     def _talker_mtp_forward_row_by_row(
@@ -281,6 +294,31 @@ class Qwen3TtsRunner(OmniRunnerBase, vllm_api.GPUModelRunner):
         # no request-end payload declared
         return False
 
+    def _finish_step(self, step: step_outputs.StepSnapshot) -> None:
+        """After sampling: the post-forward hook on each row, then each request's published payload (7.1, 7.2)."""
+        for _row, req_id, start, end in step.rows():
+            # postprocess.hook: the update lands in the buffer before the next step's preprocess.
+            update = self.model.postprocess(
+                step.hidden[start:end],
+                multimodal_outputs=step.payload,
+                **step_outputs.postprocess_infos(self.model_intermediate_buffer.get(req_id)),
+            )
+            self._update_intermediate_buffer(req_id, update)
+        # outputs.payload_hidden=False: the text hidden states are not published.
+        self.omni_step_payloads = step_outputs.ar_request_payloads(step, include_hidden=False)
+
+    def execute_model(self, scheduler_output: Any, intermediate_tensors: Any = None) -> Any:
+        """vLLM's step, with ``compute_logits`` given vLLM's sampling metadata (7.7)."""
+        # outputs.logits_sampling_metadata: the model's logits depend on the requests' history.
+        with vllm_api.compute_logits_with_sampling_metadata(
+            self.model, lambda: self.input_batch.sampling_metadata
+        ):
+            return super().execute_model(scheduler_output, intermediate_tensors)
+
+    def _init_mrope_positions(self, req_state: Any) -> None:
+        """positions.mrope_fallback: the model has no get_mrope_input_positions (7.6)."""
+        req_state.mrope_positions, req_state.mrope_position_delta = mrope.text_only_positions(req_state)
+
 
 class Qwen3TtsWorker(worker_base("auto")):
     """vLLM's worker for this stage: ``worker_cls="omnigen.generated.qwen3_tts.qwen3_tts.Qwen3TtsWorker"``.
@@ -289,3 +327,6 @@ class Qwen3TtsWorker(worker_base("auto")):
     """
 
     runner_class = Qwen3TtsRunner
+    # The model reads these from vLLM's model_config; the worker sets them before building it:
+    # async_chunk from async_chunk.
+    model_config_fields = {"async_chunk": True}

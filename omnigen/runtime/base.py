@@ -14,8 +14,8 @@ from typing import Any, ClassVar
 
 import torch
 
-from omnigen.runtime import buffers, payloads
-from omnigen.runtime.outputs import OmniOutput, restore_flattened_omni_output
+from omnigen.runtime import buffers, payloads, step_outputs
+from omnigen.runtime.outputs import OmniOutput, as_omni_output, restore_flattened_omni_output
 from omnigen.runtime.serialization import deserialize_additional_information
 
 
@@ -34,6 +34,10 @@ class OmniRunnerBase:
         self._talker_mtp_generators: dict[str, torch.Generator] = {}
         self.omni_prefix_cache = None
         self._omni_last_model_output: Any = None
+        self._omni_step: step_outputs.StepSnapshot | None = None
+        self.omni_step_payloads: dict[str, dict[str, Any]] = {}
+        """Each request's published payload of the last step (dotted keys), for the stage's
+        client and the next stage (7.2)."""
 
     # -- 4. Per-request buffers -------------------------------------------------------------
 
@@ -125,11 +129,13 @@ class OmniRunnerBase:
             "expected OmniOutput, torch.Tensor, IntermediateTensors, tuple or list"
         )
 
-    # -- 1.1 Handing the forward output back to vLLM ------------------------------------------
+    # -- 1.1, 7.1-7.3 The forward output inside vLLM's step -----------------------------------
 
     def execute_model(self, scheduler_output: Any, intermediate_tensors: Any = None) -> Any:
         # Inside vLLM's own step the forward output must be what vLLM samples from.
         self._omni_in_engine_step = True
+        self._omni_step = None
+        self.omni_step_payloads = {}
         try:
             return super().execute_model(scheduler_output, intermediate_tensors)  # type: ignore[misc]
         finally:
@@ -139,34 +145,40 @@ class OmniRunnerBase:
         """Keep the forward output; inside vLLM's step, give vLLM the text hidden states.
 
         Called directly (tests, other callers), ``_model_forward`` returns the ``OmniOutput``
-        itself (1.1); vLLM's ``execute_model`` indexes hidden states by token, so there the
-        payload is kept on the runner and handed to ``_on_step_payload``.
+        itself (1.1). Inside vLLM's ``execute_model``, which indexes hidden states by token, the
+        step's rows, text hidden states and payload are kept for after sampling
+        (``_finish_step``), and vLLM gets the text hidden states: for a generation stage
+        without any, an empty-width tensor of one row per token (nothing is sampled from it).
         """
         self._omni_last_model_output = output
-        if not isinstance(output, OmniOutput) or not self.__dict__.get("_omni_in_engine_step", False):
+        if not self.__dict__.get("_omni_in_engine_step", False):
             return output
-        self._on_step_payload(output.multimodal_outputs)
-        return output.text_hidden_states
+        if isinstance(output, OmniOutput):
+            hidden, payload = output.text_hidden_states, output.multimodal_outputs
+        else:
+            hidden, payload = output, None
+        step = self._omni_step = step_outputs.snapshot(self, hidden, payload)
+        if hidden is None:
+            return torch.empty((step.bounds[-1], 0), device=self.device)
+        return hidden
 
-    def _on_step_payload(self, payload: Any) -> None:
-        """What a stage does with a step's multimodal payload; producers accumulate it (5.1)."""
+    def sample_tokens(self, grammar_output: Any = None) -> Any:
+        """vLLM's sampling, then what this stage does with the step's outputs (7.1, 7.2)."""
+        output = super().sample_tokens(grammar_output)  # type: ignore[misc]
+        step, self._omni_step = self.__dict__.get("_omni_step"), None
+        if step is not None:
+            self._finish_step(step)
+        return output
 
-    def _accumulate_step_payload_rows(self, payload: Any) -> None:
-        """Split a step's payload into each request's token rows and accumulate them (5.1)."""
-        if not isinstance(payload, dict) or not payload:
-            return
-        req_ids = self.input_batch.req_ids
-        bounds = self.query_start_loc.np[: len(req_ids) + 1].tolist()
-        total = bounds[-1]
-        for row, req_id in enumerate(req_ids):
-            start, end = bounds[row], bounds[row + 1]
-            rows = {
-                key: value[start:end]
-                if isinstance(value, torch.Tensor) and value.dim() >= 1 and value.shape[0] >= total
-                else value
-                for key, value in payload.items()
-            }
-            self.accumulate_full_payload_output(req_id, rows, self.requests.get(req_id))
+    def _finish_step(self, step: step_outputs.StepSnapshot) -> None:
+        """After sampling: post-forward hooks and the step's per-request payloads (generated)."""
+
+    def _accumulate_request_payloads(self, payloads: dict[str, dict[str, Any]]) -> None:
+        """Fold each request's payload of this step into what it sends when it ends (5.1)."""
+        for req_id, payload in payloads.items():
+            request = self.requests.get(req_id)
+            if request is not None and payload:
+                self.accumulate_full_payload_output(req_id, payload, request)
 
     # -- 5. Stage-to-stage payloads ------------------------------------------------------------
 
@@ -230,15 +242,24 @@ class _TextHiddenStates:
         object.__setattr__(self, "_model", model)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        output = restore_flattened_omni_output(self._model(*args, **kwargs))
-        return output.text_hidden_states if isinstance(output, OmniOutput) else output
+        output = as_omni_output(restore_flattened_omni_output(self._model(*args, **kwargs)))
+        if not isinstance(output, OmniOutput):
+            return output
+        if output.text_hidden_states is None:
+            # A generation stage has no text hidden states; vLLM still indexes one row per token.
+            tokens = kwargs.get("input_ids")
+            if tokens is None:
+                tokens = kwargs.get("inputs_embeds")
+            return torch.empty((int(tokens.shape[0]), 0), device=tokens.device)
+        return output.text_hidden_states
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._model, name)
 
 
 def new_request_payloads(new_req: Any) -> list[dict[str, Any]]:
-    """A new request's payloads in merge order: its buffer dict, then its decoded infos."""
+    """A new request's payloads in merge order: its buffer dict, its decoded infos, then the
+    payload it carries inline in ``SamplingParams.extra_args`` (plain vLLM's only field for it)."""
     found: list[dict[str, Any]] = []
     buffer = getattr(new_req, "model_intermediate_buffer", None)
     if isinstance(buffer, dict) and buffer:
@@ -246,7 +267,21 @@ def new_request_payloads(new_req: Any) -> list[dict[str, Any]]:
     decoded = deserialize_additional_information(getattr(new_req, "additional_information", None))
     if decoded:
         found.append(decoded)
+    inline = deserialize_additional_information(inline_payload(getattr(new_req, "sampling_params", None)))
+    if inline:
+        found.append(inline)
     return found
+
+
+INLINE_PAYLOAD_KEY = "omnigen_payload"
+"""``SamplingParams.extra_args`` key of a request's inline payload (serialized by
+``serialize_additional_information``, or vllm-omni's wire form)."""
+
+
+def inline_payload(sampling_params: Any) -> Any:
+    """The payload a request carries in its sampling params' ``extra_args``, or None."""
+    extra_args = sampling_params.extra_args if sampling_params is not None else None
+    return extra_args.get(INLINE_PAYLOAD_KEY) if isinstance(extra_args, dict) else None
 
 
 def cached_request_payloads(scheduler_output: Any) -> list[tuple[str, dict[str, Any]]]:

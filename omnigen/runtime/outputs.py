@@ -1,4 +1,11 @@
-"""The omni forward output envelope and how runners unpack it (CONTRACT 1.1, 1.3)."""
+"""The omni forward output envelope and how runners unpack it (CONTRACT 1.1, 1.3, 7.2).
+
+Two classes are an ``OmniOutput`` here: omnigen's own NamedTuple below, and vllm-omni's
+``output_templates.OmniOutput``, which the real model classes return. omnigen never imports
+vllm-omni, so the second is recognised by its shape: a NamedTuple whose fields start with
+the contract's ``text_hidden_states, multimodal_outputs``. That is a check on the value the
+forward returned, not a probe of the model.
+"""
 
 from __future__ import annotations
 
@@ -14,6 +21,28 @@ class OmniOutput(NamedTuple):
     multimodal_outputs: dict[str, Any] | None = None
     intermediate_tensors: Any = None
     next_token_id: torch.Tensor | None = None
+
+
+_LEADING_FIELDS = OmniOutput._fields[:2]
+
+
+def is_omni_output(output: Any) -> bool:
+    """True for omnigen's ``OmniOutput`` and for any NamedTuple of the same leading fields
+    (vllm-omni's ``OmniOutput``)."""
+    if isinstance(output, OmniOutput):
+        return True
+    fields = getattr(type(output), "_fields", None)
+    return isinstance(output, tuple) and isinstance(fields, tuple) and fields[:2] == _LEADING_FIELDS
+
+
+def as_omni_output(output: Any) -> Any:
+    """The same envelope as omnigen's ``OmniOutput`` (tensors and payload by identity);
+    anything that is not an envelope is returned as it is."""
+    if type(output) is OmniOutput or not is_omni_output(output):
+        return output
+    fields = type(output)._fields
+    values = dict(zip(fields, output, strict=True))
+    return OmniOutput(**{name: values[name] for name in OmniOutput._fields if name in values})
 
 
 def restore_flattened_omni_output(output: Any) -> Any:

@@ -1,8 +1,14 @@
-"""Transport form of per-request payloads (CONTRACT 4.2).
+"""Transport form of per-request payloads (CONTRACT 4.2, 7.8).
 
 ``serialize_additional_information`` turns a nested dict of tensors, lists and
 scalars into plain msgpack/pickle-friendly values; the inverse restores it.
 A plain dict that was never serialized deserializes to itself; None to ``{}``.
+
+``deserialize_additional_information`` also reads vllm-omni's wire form, an
+``AdditionalInformationPayload`` (``entries: {dotted_key: entry}``, each entry one of
+``tensor_data``/``tensor_shape``/``tensor_dtype``, ``list_data`` or ``scalar_data``), as the
+struct itself or as the plain mapping msgpack decodes it to, so a payload produced by either
+side is understood. omnigen decodes it with its own code; it never imports vllm-omni.
 """
 
 from __future__ import annotations
@@ -69,8 +75,99 @@ def deserialize_additional_information(payload: Any) -> dict[str, Any]:
         return {}
     if isinstance(payload, dict) and _ENVELOPE in payload:
         return _decode(payload["data"])
+    entries = _omni_wire_entries(payload)
+    if entries is not None:
+        return _decode_omni_wire(entries)
     if isinstance(payload, dict):
         return payload
     raise TypeError(
-        f"additional_information must be a dict or a serialized omnigen payload, got {type(payload).__name__}"
+        "additional_information must be a dict, a serialized omnigen payload or vllm-omni's "
+        f"AdditionalInformationPayload, got {type(payload).__name__}"
     )
+
+
+# -- vllm-omni's wire form (7.8) -------------------------------------------------------------
+
+_ENTRY_FIELDS = frozenset({"tensor_data", "tensor_shape", "tensor_dtype", "list_data", "scalar_data"})
+
+
+def _omni_wire_entries(payload: Any) -> dict[str, Any] | None:
+    """The ``entries`` mapping of a vllm-omni ``AdditionalInformationPayload``, else None."""
+    if isinstance(payload, dict):
+        entries = payload.get("entries") if set(payload) == {"entries"} else None
+    else:
+        entries = getattr(payload, "entries", None)
+    if not isinstance(entries, dict) or not all(_is_wire_entry(entry) for entry in entries.values()):
+        return None
+    return entries
+
+
+def _is_wire_entry(entry: Any) -> bool:
+    if isinstance(entry, dict):
+        return bool(entry) and set(entry) <= _ENTRY_FIELDS
+    return all(hasattr(entry, name) for name in _ENTRY_FIELDS)
+
+
+def _entry_field(entry: Any, name: str) -> Any:
+    return entry.get(name) if isinstance(entry, dict) else getattr(entry, name)
+
+
+def _decode_omni_wire(entries: dict[str, Any]) -> dict[str, Any]:
+    flat: dict[str, Any] = {}
+    for key, entry in entries.items():
+        if _entry_field(entry, "tensor_data") is not None:
+            flat[key] = _decode_wire_tensor(entry, key)
+        elif _entry_field(entry, "list_data") is not None:
+            flat[key] = _entry_field(entry, "list_data")
+        elif _entry_field(entry, "scalar_data") is not None:
+            flat[key] = _entry_field(entry, "scalar_data")
+    return _unflatten(flat)
+
+
+def _decode_wire_tensor(entry: Any, key: str) -> torch.Tensor:
+    name = _entry_field(entry, "tensor_dtype") or "float32"
+    dtype = getattr(torch, str(name), None)
+    shape = _entry_field(entry, "tensor_shape")
+    if not isinstance(dtype, torch.dtype) or shape is None:
+        raise ValueError(
+            f"additional_information entry {key!r}: unreadable tensor (dtype {name!r}, shape {shape!r})"
+        )
+    data = _entry_field(entry, "tensor_data")
+    if not data:
+        return torch.empty(0, dtype=dtype).reshape(shape)
+    # The wire holds the tensor's bytes, C order; a copy owns them (the frame may be reused).
+    return torch.frombuffer(bytearray(data), dtype=torch.uint8).view(dtype).reshape(shape)
+
+
+def _unflatten(flat: dict[str, Any]) -> dict[str, Any]:
+    """``{"codes.audio": x}`` -> ``{"codes": {"audio": x}}``; ``hidden_states.layer_N`` keys
+    gather under ``hidden_states.layers[N]``."""
+    nested: dict[str, Any] = {}
+    for key, value in flat.items():
+        if "." not in key:
+            nested[key] = value
+            continue
+        kind, qualifier = key.split(".", 1)
+        group = nested.setdefault(kind, {})
+        if kind == "hidden_states" and qualifier.startswith("layer_") and qualifier[6:].isdigit():
+            group.setdefault("layers", {})[int(qualifier[6:])] = value
+        else:
+            group[qualifier] = value
+    return nested
+
+
+def flatten_payload(payload: dict[str, Any]) -> dict[str, Any]:
+    """``{"codes": {"audio": x}}`` -> ``{"codes.audio": x}``: the dotted keys a step payload is
+    published under (one level, as the buffers nest; ``hidden_states.layers`` per layer)."""
+    flat: dict[str, Any] = {}
+    for key, value in payload.items():
+        if not isinstance(value, dict):
+            flat[key] = value
+            continue
+        for qualifier, item in value.items():
+            if key == "hidden_states" and qualifier == "layers" and isinstance(item, dict):
+                for layer, tensor in item.items():
+                    flat[f"hidden_states.layer_{layer}"] = tensor
+            else:
+                flat[f"{key}.{qualifier}"] = item
+    return flat

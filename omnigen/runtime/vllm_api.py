@@ -6,19 +6,28 @@ not every generated model. Generated code reaches vLLM only through these names.
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import functools
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any
 
 from vllm.config import CUDAGraphMode
 from vllm.forward_context import set_forward_context
 from vllm.sequence import IntermediateTensors
 from vllm.utils.import_utils import resolve_obj_by_qualname
+from vllm.v1.outputs import ModelRunnerOutput
 from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 
 __all__ = [
     "CUDAGraphMode",
+    "GENERATION_DONE_TOKEN",
     "GPUModelRunner",
     "IntermediateTensors",
+    "apply_stage_model_config",
+    "compute_logits_with_sampling_metadata",
     "full_graph_wrapper_cls",
+    "generation_step_output",
     "is_full_graph_wrapped",
     "set_forward_context",
 ]
@@ -48,3 +57,99 @@ def is_cpu_platform() -> bool:
     from vllm.platforms import current_platform
 
     return current_platform.is_cpu()
+
+
+# -- Deployment fields on vLLM's ModelConfig (CONTRACT 7.5) ------------------------------------
+
+
+def apply_stage_model_config(
+    model_config: Any, fields: Mapping[str, Any], text_config_name: str | None
+) -> None:
+    """Set the fields a stage's model reads from ``model_config`` and, for a stage whose model
+    serves several stages, make ``hf_text_config`` the stage's own sub-config.
+
+    vLLM derives the persistent input widths and the vocabulary from ``model_arch_config``,
+    which it computes from ``hf_text_config`` when the config is built; both are re-derived
+    here, before the runner (and its buffers) and the model exist.
+    """
+    for name, value in fields.items():
+        setattr(model_config, name, value)
+    if text_config_name is None:
+        return
+    stage_config = getattr(model_config.hf_config, text_config_name, None)
+    if stage_config is None:
+        raise ValueError(
+            f"the checkpoint's config ({type(model_config.hf_config).__name__}) has no "
+            f"{text_config_name!r}, which this stage's model_config.hf_config_name names; "
+            "serve the stage with the checkpoint it was generated for, or fix the config key"
+        )
+    model_config.hf_text_config = stage_config.get_text_config()
+    model_config.model_arch_config = model_config.get_model_arch_config()
+
+
+# -- Logits with sampling metadata (CONTRACT 7.7) ----------------------------------------------
+
+
+@contextlib.contextmanager
+def compute_logits_with_sampling_metadata(model: Any, sampling_metadata: Callable[[], Any]) -> Iterator[None]:
+    """While vLLM's ``execute_model`` runs, its ``model.compute_logits(hidden)`` call also passes
+    ``sampling_metadata=`` (read when the call happens: vLLM builds it during the step).
+
+    vLLM calls ``compute_logits`` with the hidden states only; the bound method is shadowed on
+    the model instance for the step and the shadow removed afterwards.
+    """
+    bound = model.compute_logits
+
+    def compute_logits(hidden_states: Any) -> Any:
+        return bound(hidden_states, sampling_metadata=sampling_metadata())
+
+    model.compute_logits = compute_logits
+    try:
+        yield
+    finally:
+        del model.compute_logits
+
+
+# -- Generation stages (CONTRACT 7.3) ----------------------------------------------------------
+
+GENERATION_DONE_TOKEN = 0
+"""The one token a generation request's step emits once all its inputs have run: vLLM's
+scheduler then finishes a request sent with ``max_tokens=1`` (nothing is sampled)."""
+
+
+def generation_step_output(runner: Any, scheduler_output: Any, kv_connector_output: Any) -> ModelRunnerOutput:
+    """vLLM's step output for a generation stage: no sampling, ``GENERATION_DONE_TOKEN`` for each
+    request whose inputs are all in after this step, nothing for one still being chunked in."""
+    req_ids = list(runner.input_batch.req_ids)
+    scheduled = scheduler_output.num_scheduled_tokens
+    sampled: list[list[int]] = []
+    for req_id in req_ids:
+        state = runner.requests[req_id]
+        done = state.num_computed_tokens + scheduled.get(req_id, 0) >= state.num_prompt_tokens
+        sampled.append([GENERATION_DONE_TOKEN] if done else [])
+    return ModelRunnerOutput(
+        req_ids=req_ids,
+        req_id_to_index={req_id: index for index, req_id in enumerate(req_ids)},
+        sampled_token_ids=sampled,
+        kv_connector_output=kv_connector_output,
+    )
+
+
+# -- The model's own sampler (CONTRACT 7.4) ----------------------------------------------------
+
+
+def model_sampler_metadata(input_batch: Any) -> Any:
+    """vLLM's sampling metadata with each request's output-token history filled in.
+
+    vLLM fills ``output_token_ids`` only when penalties or logits processors need it; a model
+    that samples for itself (delay patterns, repetition rules) reads the history. Tokens still
+    in flight (``-1`` placeholders of async scheduling) are left out.
+    """
+    metadata = input_batch.sampling_metadata
+    history = [
+        list(tokens[: tokens.index(-1)] if -1 in tokens else tokens)
+        for tokens in (input_batch.req_output_token_ids[i] or [] for i in range(input_batch.num_reqs))
+    ]
+    if history == metadata.output_token_ids:
+        return metadata
+    return dataclasses.replace(metadata, output_token_ids=history)

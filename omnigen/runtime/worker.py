@@ -19,7 +19,7 @@ from vllm.v1.worker.cpu_model_runner import CPUModelRunner
 from vllm.v1.worker.cpu_worker import CPUWorker
 from vllm.v1.worker.gpu_worker import Worker
 
-from omnigen.runtime.vllm_api import is_cpu_platform
+from omnigen.runtime.vllm_api import apply_stage_model_config, is_cpu_platform
 
 
 @functools.cache
@@ -52,6 +52,13 @@ class _OmniWorker:
     runner_class: ClassVar[type]
     """The generated runner class this worker builds."""
 
+    model_config_fields: ClassVar[dict[str, Any]] = {}
+    """Deployment fields the stage's model reads from vLLM's ``model_config`` (CONTRACT 7.5),
+    set before the runner and the model are built."""
+
+    text_config_name: ClassVar[str | None] = None
+    """The sub-config of the checkpoint's config that is this stage's text config, or None."""
+
     # Where vLLM's worker looks up the runner class it constructs in init_device.
     _RUNNER_LOOKUP: ClassVar[tuple[str, str]]
 
@@ -65,6 +72,9 @@ class _OmniWorker:
                 f"{type(self).__name__} builds a V1 runner ({self.runner_class.__name__}); "
                 "unset VLLM_USE_V2_MODEL_RUNNER to serve it"
             )
+        apply_stage_model_config(
+            self.vllm_config.model_config, self.model_config_fields, self.text_config_name
+        )
         module_name, attr = self._RUNNER_LOOKUP
         with _module_attr(module_name, attr, self.built_runner_class()):
             super().init_device()  # type: ignore[misc]

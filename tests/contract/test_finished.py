@@ -14,7 +14,9 @@ ALL = shipped()
 
 def loaded_runner(variant):
     rows = rows_of(["decode", "decode_late", "tail"])
-    runner = bare_runner(variant.cls(), requests={row.req_id: request_state(row) for row in rows})
+    runner = bare_runner(
+        variant.cls(), requests={row.req_id: request_state(row) for row in rows}, model=FinishedRecorder()
+    )
     for row in rows:
         runner._update_intermediate_buffer(
             row.req_id, {"codes": {"audio": torch.ones(1, 2)}, "meta": {"t": row.tag}}
@@ -24,6 +26,16 @@ def loaded_runner(variant):
             row.req_id, {"codes": torch.ones(1, 2)}, runner.requests[row.req_id]
         )
     return runner, [row.req_id for row in rows]
+
+
+class FinishedRecorder:
+    """A model that only records ``on_requests_finished`` (CONTRACT 7.3)."""
+
+    def __init__(self) -> None:
+        self.finished: list[set[str]] = []
+
+    def on_requests_finished(self, finished_req_ids):
+        self.finished.append(set(finished_req_ids))
 
 
 def held(runner, req_id):
@@ -60,6 +72,9 @@ def test_update_states_releases_finished_requests(variant, monkeypatch):
         assert held(runner, req_id) == {"buffer": False, "generator": False, "pending": False}
     assert held(runner, running) == {"buffer": True, "generator": True, "pending": True}
     assert runner.model_intermediate_buffer[running]["meta"]["t"] == 3
+    # 7.3: a model that keeps per-request state of its own is told, after vLLM's update.
+    expected = [{done, also_done}] if variant.caps["on_requests_finished"] else []
+    assert runner.model.finished == expected
 
 
 @pytest.mark.parametrize("variant", ALL, ids=ids(ALL))

@@ -10,7 +10,17 @@ import vllm.utils.torch_utils as torch_utils
 
 from omnigen.runtime.outputs import OmniOutput
 
-from ._support import CELLS, FakeModel, Recorder, Variant, bare_runner, ids, ov, shipped
+from ._support import (
+    CELLS,
+    FakeModel,
+    Recorder,
+    Variant,
+    bare_runner,
+    ids,
+    ov,
+    query_start_loc_buffer,
+    shipped,
+)
 
 ALL = shipped()
 MULTIMODAL = shipped(lambda c: c["multimodal_outputs"])
@@ -45,9 +55,20 @@ def weak_ref_tensors(monkeypatch):
 
 def forward_runner(variant: Variant, recorder: Recorder, forward=None):
     model = FakeModel(recorder, {}, forward=forward)
-    runner = bare_runner(variant.cls(), model=model, input_batch=SimpleNamespace(req_ids=["a", "b"]))
+    runner = bare_runner(
+        variant.cls(),
+        model=model,
+        input_batch=SimpleNamespace(req_ids=["a", "b"]),
+        query_start_loc=query_start_loc_buffer([0, 2, 4]),
+    )
     runner.model_intermediate_buffer = {"a": {"meta": {"x": 1}}, "b": {"meta": {"x": 2}}}
     return runner
+
+
+def after_forward(variant: Variant) -> list[str]:
+    """The CONTRACT 7 calls that follow the forward, in order, where the stage declares them."""
+    caps = variant.caps
+    return ["make_omni_output"] * caps["make_omni_output"] + ["set_batch_req_ids"] * caps["set_batch_req_ids"]
 
 
 def inputs():
@@ -138,7 +159,7 @@ def test_decode_step_metadata_before_the_forward_and_finish_after(variant, recor
     expected = ["update_decode_step_metadata", "forward"]
     if variant.facts["has_finish"]:
         expected.append("finish_decode_step_forward")
-    assert kinds == expected
+    assert kinds == expected + after_forward(variant)
     (meta,) = recorder.of("update_decode_step_metadata")
     assert meta["input_ids"] is args["input_ids"] and meta["positions"] is args["positions"]
     assert meta["inputs_embeds"] is args["inputs_embeds"]
@@ -165,7 +186,7 @@ def test_stages_without_decode_step_metadata_never_call_it(variant, recorder):
     """1.2: only a stage that declares decode-step metadata calls the hooks."""
     runner = forward_runner(variant, recorder, forward=lambda **kw: torch.zeros(1))
     runner._model_forward(**inputs())
-    assert recorder.kinds() == ["forward"]
+    assert recorder.kinds() == ["forward", *after_forward(variant)]
 
 
 # -- 1.3 -----------------------------------------------------------------------------------------

@@ -80,6 +80,17 @@ def expected_hooks(variant) -> set[str]:
         hooks.add("update_decode_step_metadata")
         if facts["has_finish"]:
             hooks.add("finish_decode_step_forward")
+    # CONTRACT 7: the hooks the real model classes define.
+    if caps["postprocess"] is not None:
+        hooks.add("postprocess")
+    if caps["make_omni_output"]:
+        hooks.add("make_omni_output")
+    if caps["set_batch_req_ids"]:
+        hooks.add("set_batch_req_ids")
+    if caps["sampler"] == "model":
+        hooks.add("sample")
+    if caps["on_requests_finished"]:
+        hooks.add("on_requests_finished")
     return hooks
 
 

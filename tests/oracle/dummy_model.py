@@ -77,6 +77,12 @@ class ModelFlags:
                                       class name, nothing else)
       multimodal_inputs            -> requires_raw_input_tokens = False and embed_input_ids
                                       (used by vLLM's multimodal path)
+      make_omni_output             -> make_omni_output (a forward result that is not an
+                                      OmniOutput goes through it, CONTRACT 7.2)
+      set_batch_req_ids            -> set_batch_req_ids (logged; called after the forward)
+      query_start_loc              -> supports_omni_query_start_loc = True (the oracle then
+                                      passes omni_query_start_loc to the forward and the
+                                      decode-step metadata, CONTRACT 7.7)
 
     One switch is the dummy's own behaviour, not something a runner probes:
       empty_first_update           -> the hooks may return an empty update for a request whose
@@ -104,6 +110,9 @@ class ModelFlags:
     decode_step_metadata: bool = False
     attach_request_features: bool = False
     multimodal_inputs: bool = False
+    make_omni_output: bool = False
+    set_batch_req_ids: bool = False
+    query_start_loc: bool = False
     empty_first_update: bool = True
 
     def __post_init__(self) -> None:
@@ -251,6 +260,12 @@ class DummyTalkerModel:
         if f.multimodal_inputs:
             self.requires_raw_input_tokens = False
             self.embed_input_ids = self._embed_input_ids
+        if f.make_omni_output:
+            self.make_omni_output = self._make_omni_output
+        if f.query_start_loc:
+            self.supports_omni_query_start_loc = True
+        if f.set_batch_req_ids:
+            self.set_batch_req_ids = self._set_batch_req_ids
 
     # ------------------------------------------------------- state handling
     def reset(self) -> None:
@@ -448,6 +463,16 @@ class DummyTalkerModel:
                 out = tuple(out)  # what CUDA-graph weak-referencing makes of a NamedTuple
         self.last_forward_output = out
         return out
+
+    def _make_omni_output(self, output: Any, **kwargs: Any) -> Any:
+        # Wraps whatever the forward returned; the log lists the kwargs it was given.
+        hidden = output[0] if isinstance(output, tuple) else output
+        self._log("make_omni_output", rows=int(hidden.shape[0]), kwargs=sorted(kwargs))
+        codes = (hidden.to(torch.float32) * 8).to(torch.int64) % CODEBOOK
+        return self.omni_output_cls(hidden, {"codes": {"audio": codes}}, None, None)
+
+    def _set_batch_req_ids(self, req_ids: Any) -> None:
+        self._log("set_batch_req_ids", rows=len(req_ids), req_ids=list(req_ids))
 
     def _update_decode_step_metadata(self, **kwargs):
         # Keyword-only, as both runners call it; the log lists the names passed.

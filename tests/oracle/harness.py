@@ -827,7 +827,8 @@ def build_runner(
     runner._talker_mtp_generators = {}
     runner.has_talker_mtp = False
     runner._omni_num_scheduled_tokens_np = None
-    runner._omni_query_start_loc_model_kwarg = False
+    # What the oracle's load_model reads from the model (supports_omni_query_start_loc).
+    runner._omni_query_start_loc_model_kwarg = bool(model.flags.query_start_loc)
     runner._omni_last_model_output = None
     runner._local_stage_payload_cache = {}
     runner._full_payload_pending_broadcast_req_ids = set()

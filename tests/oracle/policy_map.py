@@ -85,6 +85,9 @@ def policy_from_plan(
         "decode_step_metadata": bool(plan.decode_step_metadata),
         "attach_request_features": bool(plan.attach_request_features),
         "multimodal_inputs": multimodal_inputs,
+        "make_omni_output": bool(plan.make_omni_output),
+        "query_start_loc": bool(plan.query_start_loc),
+        "set_batch_req_ids": bool(plan.set_batch_req_ids),
     }
     sampling = subtalker_sampling_params
     if mtp is not None:

@@ -84,6 +84,16 @@ DELIBERATE_DIFFERENCES: dict[str, str] = {
         "mapping, 1.1: the oracle's forward also passes request_token_spans; the contract's forward "
         "passes only the stage's kwargs (model_intermediate_buffer, runtime_additional_information)"
     ),
+    "generation_forward_kwargs": (
+        "mapping, 7.3: omnigen's generation stages pass seq_token_counts (and request_ids where the "
+        "model keys state by request) to the forward; the oracle's base runner driven here does not "
+        "(its GPUGenerationModelRunner does, and the engine-level test compares against that one)"
+    ),
+    "batch_req_ids_after_the_forward": (
+        "mapping, 7.7: omnigen calls set_batch_req_ids(req_ids) right after the forward in "
+        "_model_forward; the oracle's AR runner calls it in its own execute_model after the forward, "
+        "which this test does not drive (the engine-level test, tests/e2e/real, does)"
+    ),
     "oracle_decode_metadata_query_start_loc": (
         "mapping, 1.2: the oracle also passes omni_query_start_loc to update_decode_step_metadata; the "
         "contract's call passes input_ids, positions, inputs_embeds and req_ids"
@@ -207,10 +217,40 @@ def oracle_request_token_spans(oracle: dict[str, Any], ours: dict[str, Any]) -> 
     shipped stages. Contract: 1.1. (A model whose ``make_omni_output`` maps rows by spans
     would get none from omnigen: a real difference, kept visible here by name.)
     """
+    return _drop_call_kwargs(oracle, ("forward", "make_omni_output"), ("request_token_spans",))
+
+
+def generation_forward_kwargs(oracle: dict[str, Any], ours: dict[str, Any]) -> bool:
+    """omnigen's generation-stage forward kwargs, removed from its forward calls.
+
+    What: a generation stage's forward gets ``seq_token_counts`` (each request's scheduled
+    tokens) and, where the model keys state by request, ``request_ids`` from omnigen.
+    Why: CONTRACT 7.3; the oracle runner this test drives is vllm-omni's base
+    ``OmniGPUModelRunner``, whose generation subclass (not driven here) adds them; the
+    engine-level test (``tests/e2e/real``) compares generation stages against that subclass.
+    Contract: 7.3.
+    """
+    return _drop_call_kwargs(ours, ("forward", "make_omni_output"), ("seq_token_counts", "request_ids"))
+
+
+def batch_req_ids_after_the_forward(oracle: dict[str, Any], ours: dict[str, Any]) -> bool:
+    """omnigen's ``set_batch_req_ids`` calls, removed from its call log.
+
+    What: a stage declaring ``outputs.set_batch_req_ids`` hands the model the step's request ids
+    right after the forward. Why: CONTRACT 7.7; the oracle makes the same call from its AR
+    runner's ``execute_model`` (gpu_ar_model_runner.py:1161-1168), outside the ``_model_forward``
+    this test drives. Contract: 7.7.
+    """
+    before = len(ours["calls"])
+    ours["calls"] = [call for call in ours["calls"] if call["hook"] != "set_batch_req_ids"]
+    return len(ours["calls"]) != before
+
+
+def _drop_call_kwargs(side: dict[str, Any], hooks: tuple[str, ...], names: tuple[str, ...]) -> bool:
     changed = False
-    for call in oracle["calls"]:
-        if call["hook"] == "forward" and "request_token_spans" in call["kwargs"]:
-            call["kwargs"] = [k for k in call["kwargs"] if k != "request_token_spans"]
+    for call in side["calls"]:
+        if call["hook"] in hooks and any(name in call["kwargs"] for name in names):
+            call["kwargs"] = [k for k in call["kwargs"] if k not in names]
             changed = True
     return changed
 
@@ -353,6 +393,8 @@ MAPPINGS: dict[str, Callable[[dict[str, Any], dict[str, Any]], bool]] = {
         oracle_only_row_keys,
         oracle_generated_len,
         oracle_request_token_spans,
+        generation_forward_kwargs,
+        batch_req_ids_after_the_forward,
         oracle_decode_metadata_query_start_loc,
         runner_keys_in_created_buffer,
         runner_keys_beside_attached_features,
@@ -529,6 +571,13 @@ class Cell:
 
 
 S = "model.stages"
+# The Higgs talker with a per-row hook and plain decode batching: the legacy runner refreshes
+# every hooked stage's buffers, so the refresh comes with it.
+PLAIN_BATCH = (
+    f"{S}.talker.preprocess.hook=true",
+    f"{S}.talker.preprocess.decode_batch=plain",
+    f"{S}.talker.buffers.refresh_every_step=true",
+)
 MAIN = [
     Cell("qwen3_omni/thinker", "qwen3_omni", "thinker", seed=101, expect=("hook:forward",)),
     Cell(
@@ -553,8 +602,11 @@ MAIN = [
         "fish_speech/slow_ar[full]", "fish_speech", "slow_ar", cudagraph="full", seed=107,
         expect=("mtp:batched_calls", "steps_with_multiple_mtp_calls"),
     ),
+    Cell("higgs_audio_v3/talker", "higgs_audio_v3", "talker", seed=108, expect=("hook:update_decode_step_metadata",)),
+    # No shipped stage of vllm-omni 0.30 batches plain decode rows (MODELS.md: it is Breeze-TTS-2's):
+    # the 3-tuple path runs on the Higgs talker with the hook turned on.
     Cell(
-        "higgs_audio_v3/talker", "higgs_audio_v3", "talker", seed=108,
+        "higgs_audio_v3/talker[plain batch]", "higgs_audio_v3", "talker", PLAIN_BATCH, seed=108,
         expect=("hook:preprocess_decode_batch", "hook:update_decode_step_metadata", "steps_with_split_decode1"),
     ),
     Cell("minicpmo_4_5/tts", "minicpmo_4_5", "tts", seed=109, expect=("hook:preprocess", "payload:local")),
@@ -596,8 +648,8 @@ VARIANTS = [
          150, 211),
     Cell("moss_tts_local/decode_batch=none", "moss_tts_local", "talker", (f"{S}.talker.preprocess.decode_batch=none",),
          "full", 150, 212),
-    Cell("higgs_audio_v3/decode_batch=none", "higgs_audio_v3", "talker", (f"{S}.talker.preprocess.decode_batch=none",),
-         "none", 150, 213),
+    Cell("higgs_audio_v3/hook,decode_batch=none", "higgs_audio_v3", "talker",
+         (f"{S}.talker.preprocess.hook=true", f"{S}.talker.buffers.refresh_every_step=true"), "none", 150, 213),
     Cell("fish_speech/decode_batch=mtp", "fish_speech", "slow_ar", (f"{S}.slow_ar.preprocess.decode_batch=mtp",),
          "full", 150, 214, expect=("hook:preprocess_decode_batch",)),
     # snapshot replacement
@@ -609,9 +661,11 @@ VARIANTS = [
     Cell("qwen3_omni/talker/async_chunk=off", "qwen3_omni", "talker", ("model.async_chunk=false",), "full", 150, 217,
          expect=("payload:local",)),
     Cell("minicpmo_4_5/tts/async_chunk=on", "minicpmo_4_5", "tts", ("model.async_chunk=true",), "none", 150, 218),
-    # decode-step finish hook
+    # decode-step finish hook; decode-step metadata without the query start locations
     Cell("higgs_audio_v3/finish_decode_step=on", "higgs_audio_v3", "talker",
          (f"{S}.talker.outputs.has_finish_decode_step=true",), "none", 150, 219),
+    Cell("higgs_audio_v3/query_start_loc=off", "higgs_audio_v3", "talker",
+         (f"{S}.talker.outputs.query_start_loc=false",), "none", 150, 220),
 ]  # fmt: skip
 
 OTHER_STAGES = [
@@ -661,7 +715,13 @@ def mapping_for(names: tuple[str, ...]) -> KeyMapping:
 def cell_mappings(cell: Cell) -> tuple[str, ...]:
     """The mappings a cell's plan calls for (each applies only where its difference can show)."""
     plan = cell.plan
-    names = ["oracle_generated_len", "oracle_request_token_spans"]  # every cell drives the forward
+    names = ["oracle_generated_len"]  # every cell drives the forward
+    if not plan.request_token_spans:
+        names.append("oracle_request_token_spans")
+    if plan.is_generation:
+        names.append("generation_forward_kwargs")
+    if plan.set_batch_req_ids:
+        names.append("batch_req_ids_after_the_forward")
     if plan.preprocess_hook:
         names.append("oracle_only_row_keys")
         if plan.attach_request_features:
@@ -671,7 +731,8 @@ def cell_mappings(cell: Cell) -> tuple[str, ...]:
     if plan.mtp is not None and plan.mtp.per_row_generators in ("always", "eager_only"):
         names.append("generator_none_with_generators")
     if plan.decode_step_metadata:
-        names.append("oracle_decode_metadata_query_start_loc")
+        if not plan.query_start_loc:
+            names.append("oracle_decode_metadata_query_start_loc")
         if plan.has_finish_decode_step:
             names.append("finish_decode_step_forward")
     return tuple(names)
@@ -820,7 +881,7 @@ def _bad_offset_target(scenario: Scenario) -> tuple[int, int]:
 
 
 def test_bad_decode_batch_offsets_fail_before_any_hook() -> None:
-    cell = Cell("higgs_audio_v3/talker[bad offsets]", "higgs_audio_v3", "talker", seed=108)
+    cell = Cell("higgs_audio_v3/talker[bad offsets]", "higgs_audio_v3", "talker", PLAIN_BATCH, seed=108)
     setup, _ = cell_setup(cell)
     base = Scenario.generate(setup.scenario)
     index, row = _bad_offset_target(base)
@@ -874,7 +935,9 @@ NEEDED_IN = {
     "oracle_only_row_keys": "minicpmo_4_5/tts",
     "oracle_generated_len": "indextts2_5/indextts2_5_talker",
     "oracle_request_token_spans": "qwen3_omni/code2wav",
-    "oracle_decode_metadata_query_start_loc": "higgs_audio_v3/talker",
+    "generation_forward_kwargs": "qwen3_omni/code2wav",
+    "oracle_decode_metadata_query_start_loc": "higgs_audio_v3/query_start_loc=off",
+    "batch_req_ids_after_the_forward": "qwen3_tts/qwen3_tts[eager]",
     "runner_keys_in_created_buffer": "fish_speech/slow_ar[full]",
     "runner_keys_beside_attached_features": "mimo_audio/fused_thinker_talker[mm]",
     "batch_hook_sees_created_buffer": "qwen3_tts/qwen3_tts[eager]",

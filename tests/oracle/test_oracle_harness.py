@@ -365,11 +365,13 @@ def test_policy_from_plan_maps_plan_fields_to_flags() -> None:
         batch_preprocess_hook=True, decode_batch="mtp", gpu_resident_keys=(("hidden_states", "last"),),
         replace_on_marker=False, multimodal_outputs=True, decode_step_metadata=False,
         attach_request_features=False, async_chunk=False, sync_payloads_before_rows=True,
+        make_omni_output=True, query_start_loc=False, set_batch_req_ids=True,
     )  # fmt: skip
     eager = policy_from_plan(plan)
     assert eager.flags.per_row_generators and eager.flags.mtp_graph_safe and eager.flags.batch_hook
     assert eager.subtalker_sampling_params == mtp.sampling_defaults
     assert eager.flags.gpu_resident_keys == frozenset({("hidden_states", "last")})
+    assert eager.flags.make_omni_output and eager.flags.set_batch_req_ids and not eager.flags.query_start_loc
     graphed = policy_from_plan(plan, cudagraph="full", subtalker_sampling_params={"do_sample": False})
     assert not graphed.flags.per_row_generators and graphed.subtalker_sampling_params == {"do_sample": False}
     with pytest.raises(Unexpressible):
