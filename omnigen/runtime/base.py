@@ -16,7 +16,7 @@ import torch
 
 from omnigen.runtime import buffers, payloads, step_outputs
 from omnigen.runtime.outputs import OmniOutput, as_omni_output, restore_flattened_omni_output
-from omnigen.runtime.serialization import deserialize_additional_information
+from omnigen.runtime.serialization import deserialize_additional_information, inline_payload
 
 
 class OmniRunnerBase:
@@ -271,17 +271,6 @@ def new_request_payloads(new_req: Any) -> list[dict[str, Any]]:
     if inline:
         found.append(inline)
     return found
-
-
-INLINE_PAYLOAD_KEY = "omnigen_payload"
-"""``SamplingParams.extra_args`` key of a request's inline payload (serialized by
-``serialize_additional_information``, or vllm-omni's wire form)."""
-
-
-def inline_payload(sampling_params: Any) -> Any:
-    """The payload a request carries in its sampling params' ``extra_args``, or None."""
-    extra_args = sampling_params.extra_args if sampling_params is not None else None
-    return extra_args.get(INLINE_PAYLOAD_KEY) if isinstance(extra_args, dict) else None
 
 
 def cached_request_payloads(scheduler_output: Any) -> list[tuple[str, dict[str, Any]]]:

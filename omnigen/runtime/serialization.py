@@ -86,6 +86,18 @@ def deserialize_additional_information(payload: Any) -> dict[str, Any]:
     )
 
 
+INLINE_PAYLOAD_KEY = "omnigen_payload"
+"""``SamplingParams.extra_args`` key of a request's inline payload (serialized by
+``serialize_additional_information``, or vllm-omni's wire form): plain vLLM's request has no
+other field a payload can ride in."""
+
+
+def inline_payload(sampling_params: Any) -> Any:
+    """The payload a request carries in its sampling params' ``extra_args``, or None."""
+    extra_args = sampling_params.extra_args if sampling_params is not None else None
+    return extra_args.get(INLINE_PAYLOAD_KEY) if isinstance(extra_args, dict) else None
+
+
 # -- vllm-omni's wire form (7.8) -------------------------------------------------------------
 
 _ENTRY_FIELDS = frozenset({"tensor_data", "tensor_shape", "tensor_dtype", "list_data", "scalar_data"})

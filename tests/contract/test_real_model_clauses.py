@@ -22,7 +22,7 @@ from vllm.v1.outputs import ModelRunnerOutput
 from vllm.v1.worker.gpu_input_batch import CachedRequestState
 
 from omnigen.runtime import mrope, serialization, step_outputs, vllm_api
-from omnigen.runtime.base import INLINE_PAYLOAD_KEY, new_request_payloads
+from omnigen.runtime.base import new_request_payloads
 from omnigen.runtime.outputs import OmniOutput, as_omni_output, is_omni_output
 
 from ._support import Recorder, bare_runner, query_start_loc_buffer, runner_class, stage_source
@@ -603,9 +603,8 @@ def test_a_dict_that_only_looks_like_a_wire_payload_stays_a_dict():
 
 def test_a_request_carries_its_payload_inline_in_its_sampling_params():
     payload = {"task_type": ["VoiceDesign"], "codes": {"audio": torch.arange(3)}}
-    params = SamplingParams(
-        extra_args={INLINE_PAYLOAD_KEY: serialization.serialize_additional_information(payload)}
-    )
+    wire = serialization.serialize_additional_information(payload)
+    params = SamplingParams(extra_args={serialization.INLINE_PAYLOAD_KEY: wire})
     new_req = SimpleNamespace(req_id="a", sampling_params=params)
     (found,) = new_request_payloads(new_req)
     assert found["task_type"] == ["VoiceDesign"] and torch.equal(found["codes"]["audio"], torch.arange(3))
