@@ -153,6 +153,9 @@ class OmniRunnerBase:
         self._omni_last_model_output = output
         if not self.__dict__.get("_omni_in_engine_step", False):
             return output
+        # A stage without multimodal outputs may still get vllm-omni's envelope (Qwen2.5-Omni's
+        # thinker returns one with no payload): vLLM must get its text hidden states all the same.
+        output = as_omni_output(output)
         if isinstance(output, OmniOutput):
             hidden, payload = output.text_hidden_states, output.multimodal_outputs
         else:

@@ -609,3 +609,14 @@ def test_a_request_carries_its_payload_inline_in_its_sampling_params():
     (found,) = new_request_payloads(new_req)
     assert found["task_type"] == ["VoiceDesign"] and torch.equal(found["codes"]["audio"], torch.arange(3))
     assert new_request_payloads(SimpleNamespace(req_id="b", sampling_params=SamplingParams())) == []
+
+
+def test_a_stage_without_multimodal_outputs_hands_vllm_the_text_of_an_envelope():
+    """7.2: Qwen2.5-Omni's thinker (multimodal: false) returns vllm-omni's OmniOutput with no
+    payload; inside vLLM's step vLLM gets its text hidden states, not the tuple."""
+    text = torch.randn(4, H)
+    model = Model(Recorder(), forward=lambda **kw: LookalikeOmniOutput(text, None))
+    runner = forward_runner(runner_class("qwen2_5_omni", "thinker"), model)
+    runner._omni_in_engine_step = True
+    assert runner._model_forward(**forward_inputs()) is text
+    assert runner._omni_step.hidden is text and runner._omni_step.payload is None
