@@ -164,12 +164,7 @@ CASE = RealStageCase(
     requests=requests,
     engine_kwargs={
         "dtype": "float32",
-        "max_model_len": 128,
-        "max_num_seqs": 4,
-        "max_num_batched_tokens": 8,
-        "enable_chunked_prefill": True,
-        "enable_prefix_caching": False,
-        "skip_tokenizer_init": True,
+        # The rest is the harness's ENGINE_DEFAULTS (chunked prefill, 8-token steps, 4 seqs).
     },
     omni_model_config={
         # vllm_omni/model_executor/models/higgs_audio_v3/pipeline.py: stage 0

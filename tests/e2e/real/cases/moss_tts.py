@@ -132,12 +132,7 @@ CASE = RealStageCase(
     requests=requests,
     engine_kwargs={
         "dtype": "float32",
-        "max_model_len": 128,
-        "max_num_seqs": 4,
-        "max_num_batched_tokens": 8,
-        "enable_chunked_prefill": True,
-        "enable_prefix_caching": False,
-        "skip_tokenizer_init": True,
+        # The rest is the harness's ENGINE_DEFAULTS (chunked prefill, 8-token steps, 4 seqs).
     },
     # With N(0, 0.5) weights the binary continue gate stops almost every frame (all-pad codes);
     # N(0, 0.1) keeps a mix of emitted frames and stops.

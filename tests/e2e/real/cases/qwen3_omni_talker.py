@@ -251,12 +251,7 @@ CASE = RealStageCase(
     requests=requests,
     engine_kwargs={
         "dtype": "bfloat16",
-        "max_model_len": 128,
-        "max_num_seqs": 4,
-        "max_num_batched_tokens": 8,
-        "enable_chunked_prefill": True,
-        "enable_prefix_caching": False,
-        "skip_tokenizer_init": True,
+        # The rest is the harness's ENGINE_DEFAULTS (chunked prefill, 8-token steps, 4 seqs).
         # The class is registered as multimodal (qwen3_omni.py:91): without this vLLM's renderer
         # builds Qwen3OmniMoeThinkerMultiModalProcessor, which needs a tokenizer. The talker
         # stage takes no multimodal inputs (it sets skip_mm_profiling itself, :209).

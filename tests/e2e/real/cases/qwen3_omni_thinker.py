@@ -100,12 +100,7 @@ CASE = RealStageCase(
     requests=requests,
     engine_kwargs={
         "dtype": "bfloat16",
-        "max_model_len": 128,
-        "max_num_seqs": 4,
-        "max_num_batched_tokens": 8,
-        "enable_chunked_prefill": True,
-        "enable_prefix_caching": False,
-        "skip_tokenizer_init": True,
+        # The rest is the harness's ENGINE_DEFAULTS (chunked prefill, 8-token steps, 4 seqs).
         "language_model_only": True,
     },
     omni_model_config={
