@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import importlib.util
 import sys
 from collections import Counter
 from collections.abc import Callable
@@ -54,7 +55,11 @@ from .harness import (
 )
 from .policy_map import policy_from_plan
 
-pytest.importorskip("vllm_omni")
+# Found, not imported: importing vllm_omni patches vLLM process-wide, so it happens only when an
+# oracle test runs, and those run in a pytest process of their own (``-m oracle``, scripts/test).
+if importlib.util.find_spec("vllm_omni") is None:
+    pytest.skip("vllm-omni (the comparison oracle) is not installed", allow_module_level=True)
+pytestmark = pytest.mark.oracle
 
 import omnigen.api  # noqa: E402
 import omnigen.runtime.mtp  # noqa: E402

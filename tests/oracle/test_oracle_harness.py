@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import importlib.util
 
 import pytest
 import torch
@@ -38,7 +39,11 @@ from .harness import (
     run_scenario,
 )
 
-pytest.importorskip("vllm_omni")
+# Found, not imported: importing vllm_omni patches vLLM process-wide, so it happens only when an
+# oracle test runs, and those run in a pytest process of their own (``-m oracle``, scripts/test).
+if importlib.util.find_spec("vllm_omni") is None:
+    pytest.skip("vllm-omni (the comparison oracle) is not installed", allow_module_level=True)
+pytestmark = pytest.mark.oracle
 
 NUM_STEPS = 300
 SAMPLING = {"do_sample": True, "temperature": 0.9, "top_k": 32, "top_p": 1.0}
@@ -262,24 +267,33 @@ def test_hook_kinds_and_policy_behaviour_show_in_observations() -> None:
 # ----------------------------------------------------------------------------- (c)
 
 
-class _ReseedEveryStep(oracle_runner_class()):  # a realistic bug: generators not kept across steps
-    def _talker_mtp_forward(self, decode_req_ids, inputs_embeds, start_offsets=None):
-        self._talker_mtp_generators.clear()
-        return super()._talker_mtp_forward(decode_req_ids, inputs_embeds, start_offsets)
+# Broken oracles, built when a test asks (building them imports vllm-omni, which patches vLLM).
 
 
-class _NumpyComputedCount(oracle_runner_class()):  # a realistic bug: np.int32 where an int is due
-    def _update_intermediate_buffer(self, req_id, upd):
-        super()._update_intermediate_buffer(req_id, upd)
-        buf = self.model_intermediate_buffer.get(req_id)
-        if isinstance(buf, dict) and "_omni_num_computed_tokens" in buf:
-            buf["_omni_num_computed_tokens"] = self.input_batch.num_computed_tokens_cpu[0]
+def _reseed_every_step() -> type:
+    class _ReseedEveryStep(oracle_runner_class()):  # a realistic bug: generators not kept across steps
+        def _talker_mtp_forward(self, decode_req_ids, inputs_embeds, start_offsets=None):
+            self._talker_mtp_generators.clear()
+            return super()._talker_mtp_forward(decode_req_ids, inputs_embeds, start_offsets)
+
+    return _ReseedEveryStep
+
+
+def _numpy_computed_count() -> type:
+    class _NumpyComputedCount(oracle_runner_class()):  # a realistic bug: np.int32 where an int is due
+        def _update_intermediate_buffer(self, req_id, upd):
+            super()._update_intermediate_buffer(req_id, upd)
+            buf = self.model_intermediate_buffer.get(req_id)
+            if isinstance(buf, dict) and "_omni_num_computed_tokens" in buf:
+                buf["_omni_num_computed_tokens"] = self.input_batch.num_computed_tokens_cpu[0]
+
+    return _NumpyComputedCount
 
 
 def test_compare_catches_a_generator_that_is_not_kept() -> None:
     name = "mtp_scalar_fallback"
     good, _ = oracle_run(name)
-    bad = run_scenario(_ReseedEveryStep, POLICIES[name], scenario(SEEDS[name]))
+    bad = run_scenario(_reseed_every_step(), POLICIES[name], scenario(SEEDS[name]))
     with pytest.raises(ObservationMismatch) as err:
         compare_runs(good, bad)
     text = str(err.value)
@@ -289,7 +303,7 @@ def test_compare_catches_a_generator_that_is_not_kept() -> None:
 def test_compare_checks_scalar_types() -> None:
     name = "mtp_scalar_fallback"
     good, _ = oracle_run(name)
-    bad = run_scenario(_NumpyComputedCount, POLICIES[name], scenario(SEEDS[name]), steps=40)
+    bad = run_scenario(_numpy_computed_count(), POLICIES[name], scenario(SEEDS[name]), steps=40)
     with pytest.raises(ObservationMismatch, match=r"int vs int32"):
         compare_runs(good[:40], bad)
 
