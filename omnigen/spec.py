@@ -434,6 +434,57 @@ def _stage_spec(model: ModelConf, name: str, stage: Any, *, is_last: bool, findi
             "a stage that publishes audio returns it as a multimodal output; set outputs.multimodal: true",
         )
 
+    _check_real_model_keys(stage, key, is_gen, add)
+    post = stage.postprocess
+    deployment = stage.model_config
+
+    return StageSpec(
+        name=name,
+        order=stage.order,
+        kind=stage.kind,
+        arch=arch,
+        final_output=stage.final_output,
+        next_stage_input=stage.next_stage_input,
+        full_payload=stage.full_payload,
+        preprocess_hook=pre.hook,
+        batch_preprocess_hook=pre.batch_hook,
+        decode_batch=pre.decode_batch,
+        attach_request_features=pre.attach_request_features,
+        mtp=mtp,
+        gpu_resident_keys=tuple(sorted(gpu_keys)),
+        refresh_every_step=stage.buffers.refresh_every_step,
+        replace_on_marker=stage.buffers.replace_on_marker,
+        multimodal_outputs=outputs.multimodal,
+        decode_step_metadata=outputs.decode_step_metadata,
+        has_finish_decode_step=outputs.has_finish_decode_step,
+        request_end_payload=outputs.request_end_payload,
+        mrope=stage.positions.mrope,
+        mrope_fallback=stage.positions.mrope_fallback,
+        postprocess=PostprocessSpec(
+            uses_hidden_states=post.uses_hidden_states,
+            uses_multimodal_outputs=post.uses_multimodal_outputs,
+            uses_req_infos=post.uses_req_infos,
+        )
+        if post.hook
+        else None,
+        make_omni_output=outputs.make_omni_output,
+        payload_hidden=outputs.payload_hidden,
+        request_token_spans=outputs.request_token_spans,
+        query_start_loc=outputs.query_start_loc,
+        set_batch_req_ids=outputs.set_batch_req_ids,
+        logits_sampling_metadata=outputs.logits_sampling_metadata,
+        model_sampler=stage.sampler is Sampler.model,
+        on_requests_finished=stage.on_requests_finished,
+        seq_token_counts=is_gen and stage.generation.seq_token_counts,
+        request_ids=is_gen and stage.generation.request_ids,
+        model_stage=deployment.model_stage,
+        hf_config_name=deployment.hf_config_name,
+    )
+
+
+def _check_real_model_keys(stage: Any, key: str, is_gen: bool, add: Any) -> None:
+    """The CONTRACT 7 keys that cannot hold together, or not on this kind of stage."""
+    outputs = stage.outputs
     post = stage.postprocess
     if not post.hook and not (
         post.uses_hidden_states and post.uses_multimodal_outputs and post.uses_req_infos
@@ -481,49 +532,6 @@ def _stage_spec(model: ModelConf, name: str, stage: Any, *, is_last: bool, findi
                 f"{value!r} is not an identifier; use the name the model class reads (e.g. talker, "
                 "talker_config)",
             )
-
-    return StageSpec(
-        name=name,
-        order=stage.order,
-        kind=stage.kind,
-        arch=arch,
-        final_output=stage.final_output,
-        next_stage_input=stage.next_stage_input,
-        full_payload=stage.full_payload,
-        preprocess_hook=pre.hook,
-        batch_preprocess_hook=pre.batch_hook,
-        decode_batch=pre.decode_batch,
-        attach_request_features=pre.attach_request_features,
-        mtp=mtp,
-        gpu_resident_keys=tuple(sorted(gpu_keys)),
-        refresh_every_step=stage.buffers.refresh_every_step,
-        replace_on_marker=stage.buffers.replace_on_marker,
-        multimodal_outputs=outputs.multimodal,
-        decode_step_metadata=outputs.decode_step_metadata,
-        has_finish_decode_step=outputs.has_finish_decode_step,
-        request_end_payload=outputs.request_end_payload,
-        mrope=stage.positions.mrope,
-        mrope_fallback=stage.positions.mrope_fallback,
-        postprocess=PostprocessSpec(
-            uses_hidden_states=post.uses_hidden_states,
-            uses_multimodal_outputs=post.uses_multimodal_outputs,
-            uses_req_infos=post.uses_req_infos,
-        )
-        if post.hook
-        else None,
-        make_omni_output=outputs.make_omni_output,
-        payload_hidden=outputs.payload_hidden,
-        request_token_spans=outputs.request_token_spans,
-        query_start_loc=outputs.query_start_loc,
-        set_batch_req_ids=outputs.set_batch_req_ids,
-        logits_sampling_metadata=outputs.logits_sampling_metadata,
-        model_sampler=stage.sampler is Sampler.model,
-        on_requests_finished=stage.on_requests_finished,
-        seq_token_counts=is_gen and stage.generation.seq_token_counts,
-        request_ids=is_gen and stage.generation.request_ids,
-        model_stage=deployment.model_stage,
-        hf_config_name=deployment.hf_config_name,
-    )
 
 
 def _check_sampling(sampling: Any, key: str, add: Any) -> None:

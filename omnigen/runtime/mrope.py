@@ -1,10 +1,12 @@
-"""M-RoPE keyword filtering (CONTRACT 3.7)."""
+"""M-RoPE keyword filtering (CONTRACT 3.7) and text-only positions (7.6)."""
 
 from __future__ import annotations
 
 import inspect
 from collections.abc import Callable
 from typing import Any
+
+import torch
 
 _ACCEPTED_KINDS = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
 
@@ -37,8 +39,6 @@ def text_only_positions(req_state: Any) -> tuple[Any, int]:
     with multimodal features would need the features' grids, which such a model never
     computes, so it is refused with what to change.
     """
-    import torch
-
     features = [f for f in (req_state.mm_features or ()) if f.modality != "prompt_embeds"]
     if features:
         raise ValueError(
