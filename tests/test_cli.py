@@ -55,7 +55,7 @@ def test_multirun_sweep_writes_one_folder_per_cell(tmp_path):
     eager = (tmp_path / "sweep" / "graph=eager,model=qwen3_tts" / "qwen3_tts" / "qwen3_tts.py").read_text()
     full = (tmp_path / "sweep" / "graph=full,model=qwen3_tts" / "qwen3_tts" / "qwen3_tts.py").read_text()
     assert "full_graph_wrapper_cls" not in eager and "full_graph_wrapper_cls" in full
-    assert "Regenerate: omnigen build model=qwen3_tts graph=eager" in eager
+    assert "# Regenerate: omnigen build model=qwen3_tts \\\n#   graph=eager\n" in eager
     assert sorted(p.name for p in tmp_path.iterdir()) == ["sweep"]
 
 

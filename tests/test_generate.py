@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ast
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -193,3 +194,25 @@ def test_a_broken_template_is_a_clear_render_error(tmp_path, monkeypatch):
     monkeypatch.setattr(paths, "templates_dir", lambda: broken)
     with pytest.raises(render.RenderError, match=r"templates/stage.py.j2: Encountered unknown tag 'endif'"):
         pipeline.model_files(pipeline.model_plan("qwen3_tts"))
+
+
+CODING_DECLARATION = re.compile(rb"^[ \t\f]*#.*?coding[:=][ \t]*([-\w.]+)")
+
+
+@pytest.mark.parametrize(
+    "value",
+    ['\'coding:utf-7 +AAo-open("/tmp/pwned", "w")\'', "coding:bogus", "'two\\nlines'", "'caf\\u00e9'"],
+)
+def test_override_text_cannot_become_code_or_a_coding_declaration(value):
+    """An override of a key its feature ignores reaches only the header, as an escaped comment."""
+    override = f"model.stages.code2wav.mtp.hidden_size_from={value}"
+    files = pipeline.model_files(pipeline.model_plan("qwen3_tts", [override]), [override])
+    for rel, text in files.items():
+        data = text.encode("utf-8")
+        assert not any(CODING_DECLARATION.match(line) for line in data.splitlines()[:2]), rel
+        header = [line for line in text.splitlines() if line.startswith("#")][:3]
+        assert header[2].startswith("#   ") and "hidden_size_from" in header[2], header
+        assert all(" " <= c <= "~" for line in header for c in line), header
+        if rel.endswith(".py"):
+            code = compile(data, rel, "exec")
+            assert "open" not in code.co_names, f"{rel}: header text reached the code"
