@@ -34,7 +34,7 @@ setup(
         "omnigen": ["ruff.toml"],
         "omnigen.conf": ["*.yaml", "**/*.yaml"],
         "omnigen.templates": ["*.j2"],
-        "omnigen.generated": ["**/*.yaml"],
+        "omnigen.generated": ["**/*.yaml", "omnigen-manifest.txt"],
     },
     include_package_data=False,
 )

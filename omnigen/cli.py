@@ -39,6 +39,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except render.RenderError as exc:
         print(f"omnigen {command}: {exc}", file=sys.stderr)
         return 3
+    except render.OutputFolderError as exc:
+        print(f"omnigen {command}: {exc}", file=sys.stderr)
+        return 2
     print(f"omnigen: unknown command {command!r}; run `omnigen --help`", file=sys.stderr)
     return 2
 

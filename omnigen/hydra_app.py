@@ -11,7 +11,7 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig
 
-from omnigen import paths, pipeline
+from omnigen import paths, pipeline, render
 from omnigen.schema import register_configs
 
 # Overrides that pick what to build or where, not how the runners look.
@@ -61,4 +61,11 @@ def _build_task(cfg: DictConfig) -> None:
         root = Path(hydra.utils.to_absolute_path(cfg.out))
         if multirun:
             root = root / _variant_folder(hydra_cfg.job.override_dirname)
-    cli.build_model(plan, overrides, root, include_package_init=True)
+    try:
+        cli.build_model(plan, overrides, root, include_package_init=True)
+    except render.OutputFolderError as exc:
+        if multirun:
+            raise
+        # A single build refused before it wrote anything: the message, not a traceback.
+        print(f"omnigen build: {exc}", file=sys.stderr)
+        raise SystemExit(2) from exc

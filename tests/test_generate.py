@@ -116,8 +116,11 @@ def test_files_of_a_removed_stage_or_model_are_removed(tmp_path):
     out = tmp_path / "tree"
     subprocess.run([*OMNIGEN, "build", "model=qwen3_tts", f"out={out}"], check=True, capture_output=True)
     assert (out / "qwen3_tts" / "code2wav.py").is_file()
-    (out / "retired_model").mkdir()
-    (out / "retired_model" / "talker.py").write_text("# old\n")
+    # A model omnigen wrote here earlier, whose config is gone (listed in the manifest) ...
+    render.write_tree(out, {"retired_model/talker.py": "# old\n"}, scope=["retired_model"])
+    # ... and a folder someone else put beside it (not listed: never removed).
+    (out / "mine").mkdir()
+    (out / "mine" / "talker.py").write_text("# someone else's\n")
     result = subprocess.run(
         [
             *OMNIGEN,
@@ -133,6 +136,7 @@ def test_files_of_a_removed_stage_or_model_are_removed(tmp_path):
     )
     assert not (out / "qwen3_tts" / "code2wav.py").exists()
     assert not (out / "retired_model").exists()
+    assert (out / "mine" / "talker.py").read_text() == "# someone else's\n"
     assert "removed qwen3_tts/code2wav.py" in result.stdout
 
 
