@@ -80,12 +80,13 @@ def _fix_hint(cause: BaseException) -> str:
 
 def model_plan(model: str, overrides: Sequence[str] = ()) -> ModelPlan:
     cfg = compose_config(model, overrides)
-    return plan_from_config(cfg)
+    return plan_from_config(cfg, model)
 
 
-def plan_from_config(cfg: DictConfig) -> ModelPlan:
+def plan_from_config(cfg: DictConfig, file_stem: str | None = None) -> ModelPlan:
+    """The plan of a composed config; ``file_stem`` is the model config that was read."""
     try:
-        return plan_build(build_spec(cfg))
+        return plan_build(build_spec(cfg, file_stem))
     except SpecError as exc:
         raise ConfigError(str(exc)) from exc
 

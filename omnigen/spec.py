@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import keyword
+import math
 import re
 import typing
 from dataclasses import dataclass
@@ -31,9 +32,12 @@ from omnigen.schema import (
     StageKind,
 )
 
-_IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-_CONF_NAME = re.compile(r"^[a-z][a-z0-9_]*$")
-_TITLE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9 _.+()/-]{0,59}$")
+# Matched with fullmatch: ``$`` would also accept a trailing newline.
+_IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,99}")
+_CONF_NAME = re.compile(r"[a-z][a-z0-9_]{0,63}")
+_TITLE = re.compile(r"[A-Za-z0-9][A-Za-z0-9 _.+()/-]{0,59}")
+# Stage names become module names inside the model's package, beside its own files.
+_RESERVED_STAGE_NAMES = frozenset({"plan"})
 
 
 class SpecError(ValueError):
@@ -45,7 +49,7 @@ class SpecError(ValueError):
 
 
 def is_identifier(text: str) -> bool:
-    return bool(_IDENTIFIER.match(text)) and not keyword.iskeyword(text)
+    return bool(_IDENTIFIER.fullmatch(text)) and not keyword.iskeyword(text)
 
 
 def is_dotted_path(text: str) -> bool:
@@ -176,11 +180,15 @@ class _Findings:
         self.items.append(f"{self.source}: {key}: {problem}")
 
 
-def build_spec(cfg: DictConfig) -> BuildSpec:
-    """Turn a composed root config into a frozen, checked ``BuildSpec``."""
+def build_spec(cfg: DictConfig, file_stem: str | None = None) -> BuildSpec:
+    """Turn a composed root config into a frozen, checked ``BuildSpec``.
+
+    ``file_stem`` is the model config that was read (``model=NAME``): findings name that file,
+    and the config's ``name:`` must be the same.
+    """
     model_cfg = cfg.model
     name = str(model_cfg.get("name", "?"))
-    findings = _Findings(model_source(name))
+    findings = _Findings(model_source(file_stem or name))
     # Hydra's '+key=value' opens the struct, so unknown keys are looked for here as well.
     for key in _unknown_keys(OmegaConf.to_container(model_cfg, resolve=False), ModelConf, ""):
         findings.add(key, "no such key: remove it or fix its spelling (omnigen/schema.py lists the keys)")
@@ -196,7 +204,7 @@ def build_spec(cfg: DictConfig) -> BuildSpec:
             _error_key(exc), f"{_first_line(exc)}; remove it or fix its spelling (see omnigen/schema.py)"
         )
         raise SpecError(findings.items) from exc
-    spec = _model_spec(model, findings)
+    spec = _model_spec(model, findings, file_stem)
     device = Device(cfg.device.value if isinstance(cfg.device, Device) else cfg.device)
     preset_raw = cfg.get("mtp_graph")
     preset = None if preset_raw is None else MTPGraph(getattr(preset_raw, "value", preset_raw))
@@ -259,16 +267,22 @@ def _first_line(exc: Exception) -> str:
     return str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
 
 
-def _model_spec(model: ModelConf, findings: _Findings) -> ModelSpec | None:
-    if not _CONF_NAME.match(model.name):
+def _model_spec(model: ModelConf, findings: _Findings, file_stem: str | None) -> ModelSpec | None:
+    if not _CONF_NAME.fullmatch(model.name) or keyword.iskeyword(model.name):
         findings.add(
             "name",
             f"{model.name!r} is not a lowercase identifier; name the model like its file "
-            "(letters, digits, underscores)",
+            "(letters, digits, underscores, at most 64 characters, not a Python keyword)",
+        )
+    if file_stem is not None and model.name != file_stem:
+        findings.add(
+            "name",
+            f"{model.name!r} differs from the file's name; set name: {file_stem} (the generated "
+            f"package is named after the model, and another model's name would overwrite it)",
         )
     if not is_dotted_path(model.arch):
         findings.add("arch", f"{model.arch!r} is not a Python identifier; use vLLM's model_arch name")
-    if not _TITLE.match(model.title):
+    if not _TITLE.fullmatch(model.title):
         findings.add(
             "title",
             f"{model.title!r} must be a short human name (letters, digits, spaces and - _ . + ( ) /, "
@@ -298,15 +312,20 @@ def _model_spec(model: ModelConf, findings: _Findings) -> ModelSpec | None:
         arch=model.arch,
         async_chunk=model.async_chunk,
         stages=stages,
-        source=model_source(model.name),
+        source=model_source(file_stem or model.name),
     )
 
 
 def _stage_spec(model: ModelConf, name: str, stage: Any, *, is_last: bool, findings: _Findings) -> StageSpec:
     key = f"stages.{name}"
     add = findings.add
-    if not is_identifier(name):
-        add(key, f"stage name {name!r} is not a Python identifier; rename it (letters, digits, underscores)")
+    if not is_identifier(name) or name.startswith("_") or name in _RESERVED_STAGE_NAMES:
+        add(
+            key,
+            f"stage name {name!r} must be a Python identifier that does not start with an underscore "
+            f"and is not {', '.join(sorted(_RESERVED_STAGE_NAMES))} (it names a module beside the "
+            "package's own files); rename it (letters, digits, underscores)",
+        )
     arch = stage.arch or model.arch
     if stage.arch is not None and not is_identifier(stage.arch):
         add(f"{key}.arch", f"{stage.arch!r} is not a Python identifier; use vLLM's model_arch name")
@@ -343,6 +362,20 @@ def _stage_spec(model: ModelConf, name: str, stage: Any, *, is_last: bool, findi
 
     mtp_cfg = stage.mtp
     mtp: MTPSpec | None = None
+    # String keys are checked whether or not their feature is on: none may reach generated code
+    # (or its header) unchecked.
+    if len(mtp_cfg.output_key) != 2 or not all(is_identifier(p) for p in mtp_cfg.output_key):
+        add(
+            f"{key}.mtp.output_key",
+            f"{list(mtp_cfg.output_key)!r} must be two identifiers [type, qualifier], e.g. [codes, audio]",
+        )
+    if not is_dotted_path(mtp_cfg.hidden_size_from):
+        add(
+            f"{key}.mtp.hidden_size_from",
+            f"{mtp_cfg.hidden_size_from!r} is not an attribute path under model_config, "
+            "e.g. hf_text_config.hidden_size",
+        )
+    _check_sampling(mtp_cfg.sampling, f"{key}.mtp.sampling", add)
     if mtp_cfg.enabled:
         if is_gen:
             add(
@@ -356,24 +389,12 @@ def _stage_spec(model: ModelConf, name: str, stage: Any, *, is_last: bool, findi
                 "the MTP inputs come from the preprocess hook (update['mtp_inputs']); "
                 "set preprocess.hook: true",
             )
-        if len(mtp_cfg.output_key) != 2 or not all(is_identifier(p) for p in mtp_cfg.output_key):
-            add(
-                f"{key}.mtp.output_key",
-                f"{list(mtp_cfg.output_key)!r} must be two identifiers [type, qualifier], e.g. [codes, audio]",
-            )
-        if not is_dotted_path(mtp_cfg.hidden_size_from):
-            add(
-                f"{key}.mtp.hidden_size_from",
-                f"{mtp_cfg.hidden_size_from!r} is not an attribute path under model_config, "
-                "e.g. hf_text_config.hidden_size",
-            )
         if pre.decode_batch is DecodeBatch.plain:
             add(
                 f"{key}.preprocess.decode_batch",
                 "plain batching sends single-token decode rows to the 3-tuple hook, so they would "
                 "never reach the talker MTP; use decode_batch: mtp (the 5-tuple hook) or none",
             )
-        _check_sampling(mtp_cfg.sampling, f"{key}.mtp.sampling", add)
         mtp = MTPSpec(
             graph=mtp_cfg.graph,
             owns_talker_module=mtp_cfg.owns_talker_module,
@@ -535,8 +556,8 @@ def _check_real_model_keys(stage: Any, key: str, is_gen: bool, add: Any) -> None
 
 
 def _check_sampling(sampling: Any, key: str, add: Any) -> None:
-    if sampling.temperature is not None and not sampling.temperature > 0:
-        add(f"{key}.temperature", f"{sampling.temperature} must be > 0 (or null)")
+    if sampling.temperature is not None and not 0 < sampling.temperature < math.inf:
+        add(f"{key}.temperature", f"{sampling.temperature} must be a finite number > 0 (or null)")
     if sampling.top_p is not None and not 0 < sampling.top_p <= 1:
         add(f"{key}.top_p", f"{sampling.top_p} must be in (0, 1] (or null)")
     if sampling.top_k is not None and sampling.top_k < 0:

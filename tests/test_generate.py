@@ -203,20 +203,29 @@ def test_a_broken_template_is_a_clear_render_error(tmp_path, monkeypatch):
 CODING_DECLARATION = re.compile(rb"^[ \t\f]*#.*?coding[:=][ \t]*([-\w.]+)")
 
 
-@pytest.mark.parametrize(
-    "value",
-    ['\'coding:utf-7 +AAo-open("/tmp/pwned", "w")\'', "coding:bogus", "'two\\nlines'", "'caf\\u00e9'"],
-)
-def test_override_text_cannot_become_code_or_a_coding_declaration(value):
-    """An override of a key its feature ignores reaches only the header, as an escaped comment."""
-    override = f"model.stages.code2wav.mtp.hidden_size_from={value}"
-    files = pipeline.model_files(pipeline.model_plan("qwen3_tts", [override]), [override])
-    for rel, text in files.items():
-        data = text.encode("utf-8")
-        assert not any(CODING_DECLARATION.match(line) for line in data.splitlines()[:2]), rel
-        header = [line for line in text.splitlines() if line.startswith("#")][:3]
-        assert header[2].startswith("#   ") and "hidden_size_from" in header[2], header
-        assert all(" " <= c <= "~" for line in header for c in line), header
-        if rel.endswith(".py"):
-            code = compile(data, rel, "exec")
-            assert "open" not in code.co_names, f"{rel}: header text reached the code"
+HOSTILE = ["coding:utf-7 +AAo-open('/tmp/pwned', 'w')", "coding:bogus", "two\nlines", "caf\u00e9 \r\x00"]
+
+
+@pytest.mark.parametrize("value", HOSTILE)
+def test_a_string_key_of_a_feature_that_is_off_is_still_validated(value):
+    """Issue 9: such a value reached the header unchecked; now the build is refused, naming the key."""
+    quoted = "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
+    override = f"model.stages.code2wav.mtp.hidden_size_from={quoted}"
+    with pytest.raises(
+        pipeline.ConfigError, match=r"stages\.code2wav\.mtp\.hidden_size_from: .* is not an attribute path"
+    ):
+        pipeline.model_plan("qwen3_tts", [override])
+
+
+@pytest.mark.parametrize("value", HOSTILE)
+def test_override_text_in_a_header_is_never_code_or_a_coding_declaration(value):
+    """Defence in depth: whatever an override says, the header keeps it inside escaped comments."""
+    text = render.header("conf/model/qwen3_tts.yaml", "qwen3_tts", (f"model.title={value}", "graph=eager"))
+    lines = text.split("\n")
+    data = text.encode("utf-8")
+    assert not any(CODING_DECLARATION.match(line) for line in data.splitlines()[:2])
+    assert all(line.startswith("#") for line in lines), lines
+    assert all(" " <= c <= "~" for line in lines for c in line), lines
+    assert lines[1] == "# Regenerate: omnigen build model=qwen3_tts \\" and lines[-1] == "#   graph=eager"
+    code = compile(data + b"\nx = 1\n", "header.py", "exec")
+    assert code.co_names == ("x",), "only the line after the header is code"

@@ -114,3 +114,14 @@ def test_check_reports_a_missing_or_stale_manifest(tmp_path):
     assert render.MANIFEST in render.check_tree(tmp_path, files).stale
     (tmp_path / render.MANIFEST).unlink()
     assert render.check_tree(tmp_path, files).missing == [render.MANIFEST]
+
+
+def test_written_files_follow_the_umask(tmp_path):
+    previous = os.umask(0o022)
+    try:
+        render.write_tree(tmp_path, {"m/stage.py": "1\n"}, scope=None)
+        render.write_tree(tmp_path, {"m/stage.py": "2\n"}, scope=None)  # a rewrite, through a temp file
+    finally:
+        os.umask(previous)
+    for rel in ("m/stage.py", render.MANIFEST):
+        assert (tmp_path / rel).stat().st_mode & 0o777 == 0o644, rel
