@@ -7,13 +7,15 @@ package (``omnigen/ruff.toml``), so it is byte-identical across runs and machine
 
 from __future__ import annotations
 
+import contextlib
 import difflib
+import fcntl
 import os
 import shlex
 import shutil
 import subprocess
 import tempfile
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -320,17 +322,26 @@ def _file_mode() -> int:
     return 0o666 & ~umask
 
 
-def _atomic_write(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
+def _temporary_copy(path: Path, text: str) -> str:
+    """``text`` in a new temporary file beside ``path``, with the umask's mode; its name."""
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as handle:
             handle.write(text)
         os.chmod(tmp, _file_mode())
+    except BaseException:
+        os.unlink(tmp)
+        raise
+    return tmp
+
+
+def _atomic_write(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = _temporary_copy(path, text)
+    try:
         os.replace(tmp, path)
     except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+        os.unlink(tmp)
         raise
 
 
@@ -396,32 +407,87 @@ def write_tree(root: Path, files: dict[str, str], scope: Iterable[str] | None) -
 
     ``scope`` limits removal to those model folders (plus the root's own files); None means the
     whole tree. Only files the folder's manifest lists are ever removed, and the manifest lists
-    every file before it is written, so an interrupted build leaves nothing unlisted. All content
-    has been rendered and checked before the first write.
+    every file before it is written, so an interrupted build leaves nothing unlisted.
+
+    A build holds a lock on the folder, so two builds never interleave. Every changed file is
+    first written beside its target as a temporary file; only when all are written are they
+    renamed into place, so a build that fails while writing leaves every file as it was and no
+    temporary file behind.
     """
-    owned = owned_files(root)
-    scope_set = None if scope is None else set(scope)
-    in_scope = {
-        rel for rel in owned if scope_set is None or "/" not in rel or rel.split("/", 1)[0] in scope_set
-    }
-    orphans = sorted(in_scope - set(files))
-    _write_manifest(root, owned | set(files))
-    report = TreeReport()
-    for rel in sorted(files):
-        target = root / rel
-        if target.is_file() and target.read_text(encoding="utf-8") == files[rel]:
-            report.unchanged.append(rel)
-            continue
-        _atomic_write(target, files[rel])
-        report.written.append(rel)
+    owned_files(root)  # refuses a folder omnigen did not write before anything is created
+    root.mkdir(parents=True, exist_ok=True)
+    with _folder_lock(root):
+        owned = owned_files(root)  # as the last build left it
+        scope_set = None if scope is None else set(scope)
+        in_scope = {
+            rel for rel in owned if scope_set is None or "/" not in rel or rel.split("/", 1)[0] in scope_set
+        }
+        orphans = sorted(in_scope - set(files))
+        report = TreeReport()
+        changed = {}
+        for rel in sorted(files):
+            target = root / rel
+            if target.is_file() and target.read_text(encoding="utf-8") == files[rel]:
+                report.unchanged.append(rel)
+            else:
+                changed[rel] = files[rel]
+        staged = _stage(root, changed)
+        try:
+            _write_manifest(root, owned | set(files))
+        except BaseException:
+            _discard(staged)
+            raise
+        for rel, tmp in staged:
+            os.replace(tmp, root / rel)
+            report.written.append(rel)
+        _remove_orphans(root, orphans, report)
+        _write_manifest(root, (owned - set(orphans)) | set(files))
+    return report
+
+
+@contextlib.contextmanager
+def _folder_lock(root: Path) -> Iterator[None]:
+    """An exclusive lock on the output folder itself (no lock file is left behind)."""
+    fd = os.open(root, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # closing the descriptor releases the lock
+
+
+def _stage(root: Path, changed: dict[str, str]) -> list[tuple[str, str]]:
+    """Each changed file written to a temporary file beside its target; all or none."""
+    staged: list[tuple[str, str]] = []
+    created: list[Path] = []
+    try:
+        for rel, text in changed.items():
+            target = root / rel
+            created += [folder for folder in reversed(target.parents) if not folder.exists()]
+            target.parent.mkdir(parents=True, exist_ok=True)
+            staged.append((rel, _temporary_copy(target, text)))
+    except BaseException:
+        _discard(staged)
+        for folder in reversed(created):
+            with contextlib.suppress(OSError):
+                folder.rmdir()
+        raise
+    return staged
+
+
+def _discard(staged: list[tuple[str, str]]) -> None:
+    for _, tmp in staged:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+
+
+def _remove_orphans(root: Path, orphans: list[str], report: TreeReport) -> None:
     for rel in orphans:
         target = root / rel
         if target.is_file():
             target.unlink()
             report.removed.append(rel)
         _remove_empty_parents(root, target.parent)
-    _write_manifest(root, (owned - set(orphans)) | set(files))
-    return report
 
 
 def _write_manifest(root: Path, listed: set[str]) -> None:

@@ -125,3 +125,43 @@ def test_written_files_follow_the_umask(tmp_path):
         os.umask(previous)
     for rel in ("m/stage.py", render.MANIFEST):
         assert (tmp_path / rel).stat().st_mode & 0o777 == 0o644, rel
+
+
+def test_a_build_that_fails_while_writing_leaves_every_file_as_it_was(tmp_path, monkeypatch):
+    render.write_tree(tmp_path, {"__init__.py": "a\n", "m/stage.py": "b\n"}, scope=None)
+    before = _tree(tmp_path)
+    real = render._temporary_copy
+    calls = []
+
+    def fail_on_the_third(path, text):
+        calls.append(path)
+        if len(calls) == 3:
+            raise OSError(28, "No space left on device")
+        return real(path, text)
+
+    monkeypatch.setattr(render, "_temporary_copy", fail_on_the_third)
+    new = {"__init__.py": "A\n", "m/stage.py": "B\n", "n/new.py": "C\n", "n/deep/more.py": "D\n"}
+    with pytest.raises(OSError, match="No space left"):
+        render.write_tree(tmp_path, new, scope=None)
+    assert _tree(tmp_path) == before, "no file changed, and no temporary file is left"
+    assert not (tmp_path / "n").exists(), "no folder of the failed build is left"
+
+
+def test_two_builds_into_one_folder_never_interleave(tmp_path):
+    import threading
+
+    render.write_tree(tmp_path, {"m/stage.py": "1\n"}, scope=None)
+    done = threading.Event()
+
+    def build():
+        render.write_tree(tmp_path, {"m/stage.py": "2\n"}, scope=None)
+        done.set()
+
+    with render._folder_lock(tmp_path):
+        worker = threading.Thread(target=build)
+        worker.start()
+        assert not done.wait(0.5), "the second build ran while the first held the folder"
+        assert (tmp_path / "m" / "stage.py").read_text() == "1\n"
+    worker.join(10)
+    assert done.is_set() and (tmp_path / "m" / "stage.py").read_text() == "2\n"
+    assert not list(tmp_path.rglob("*.tmp"))
