@@ -78,6 +78,11 @@ def build_command(args: list[str]) -> int:
         # One model, one run: compose here first so a bad config gets omnigen's message
         # (file, key, fix) instead of Hydra's; then Hydra runs the task as usual.
         pipeline.model_plan(model, [o for o in overrides if not o.startswith(("out=", "hydra"))])
+    elif model is not None:
+        # A sweep: Hydra composes each cell itself, so each model it names is checked here first,
+        # as a single run's would be (a known config, readable YAML).
+        for name in model.split(","):
+            pipeline.check_model_name(name)
     from omnigen import hydra_app
 
     return hydra_app.run(args)

@@ -21,6 +21,7 @@ from omegaconf.errors import (
 )
 
 from omnigen import paths, render
+from omnigen.config_files import ConfigFileError, check_model_file
 from omnigen.plan import ModelPlan, plan_build
 from omnigen.schema import register_configs
 from omnigen.spec import SpecError, build_spec, model_source
@@ -30,14 +31,23 @@ class ConfigError(ValueError):
     """A config that does not compose or does not hold together; the message says where and how to fix it."""
 
 
-def compose_config(model: str, overrides: Sequence[str] = ()) -> DictConfig:
-    """Compose ``conf/config.yaml`` with ``model=<model>`` and the overrides, as Hydra would."""
+def check_model_name(model: str) -> None:
+    """``model`` names a config in conf/model, whose file is readable YAML; else ConfigError."""
     known = paths.model_names()
     if model not in known:
         raise ConfigError(
             f"conf/model/{model}.yaml: no such model config; pick one of: {', '.join(known)} "
             "(or add the file)"
         )
+    try:
+        check_model_file(paths.conf_dir() / "model" / f"{model}.yaml", model_source(model))
+    except ConfigFileError as exc:
+        raise ConfigError(str(exc)) from exc
+
+
+def compose_config(model: str, overrides: Sequence[str] = ()) -> DictConfig:
+    """Compose ``conf/config.yaml`` with ``model=<model>`` and the overrides, as Hydra would."""
+    check_model_name(model)
     register_configs()
     hydra_state = GlobalHydra.instance()
     if hydra_state.is_initialized():

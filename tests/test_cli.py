@@ -65,6 +65,15 @@ def test_multirun_without_an_output_folder_is_refused(tmp_path):
     assert "out=DIR" in result.stdout + result.stderr
 
 
+def test_a_sweep_checks_every_model_it_names_like_a_single_run(tmp_path):
+    """Issue 9: ``-m model=../../x`` skipped the single-run checks and reached Hydra."""
+    result = run("build", "-m", "model=../../x,qwen3_tts", f"out={tmp_path / 'sweep'}", cwd=tmp_path)
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert "conf/model/../../x.yaml: no such model config" in result.stderr
+    assert "Traceback" not in result.stderr
+    assert not (tmp_path / "sweep").exists()
+
+
 def test_cfg_job_prints_the_composed_config_and_builds_nothing(tmp_path):
     result = run(
         "build", "model=qwen3_tts", "model.stages.qwen3_tts.mtp.graph=unsafe", "--cfg", "job", cwd=tmp_path
