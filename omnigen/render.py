@@ -427,7 +427,7 @@ def write_tree(root: Path, files: dict[str, str], scope: Iterable[str] | None) -
         changed = {}
         for rel in sorted(files):
             target = root / rel
-            if target.is_file() and target.read_text(encoding="utf-8") == files[rel]:
+            if _holds(target, files[rel]):
                 report.unchanged.append(rel)
             else:
                 changed[rel] = files[rel]
@@ -493,7 +493,7 @@ def _remove_orphans(root: Path, orphans: list[str], report: TreeReport) -> None:
 def _write_manifest(root: Path, listed: set[str]) -> None:
     path = root / MANIFEST
     text = manifest_text(listed)
-    if not (path.is_file() and path.read_text(encoding="utf-8") == text):
+    if not _holds(path, text):
         _atomic_write(path, text)
 
 
@@ -518,35 +518,38 @@ class CheckReport:
         return not (self.missing or self.stale or self.orphaned)
 
 
+def _holds(path: Path, text: str) -> bool:
+    """Whether ``path`` holds exactly ``text``, byte for byte (UTF-8, ``\\n`` line ends)."""
+    return path.is_file() and path.read_bytes() == text.encode("utf-8")
+
+
+def _difference(rel: str, data: bytes, expected: str) -> str:
+    """What is wrong with a generated file's bytes: a diff, or the damage a diff would not show."""
+    try:
+        current = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        return f"generated/{rel}: byte {exc.start} is not UTF-8 (the file was re-encoded or damaged)\n"
+    if "\r" in current and current.replace("\r\n", "\n") == expected:
+        return f"generated/{rel}: same text, but with CRLF line ends (generated files use \\n)\n"
+    return "".join(
+        difflib.unified_diff(
+            current.splitlines(keepends=True),
+            expected.splitlines(keepends=True),
+            fromfile=f"generated/{rel} (on disk)",
+            tofile=f"generated/{rel} (from conf/ and templates/)",
+        )
+    )
+
+
 def check_tree(root: Path, files: dict[str, str]) -> CheckReport:
-    """Compare ``root`` with what would be generated; never writes."""
+    """Compare ``root`` with what would be generated, byte for byte; never writes."""
     report = CheckReport()
-    for rel in sorted(files):
+    expected_files = {**files, MANIFEST: manifest_text(files)}
+    for rel in sorted(expected_files):
         target = root / rel
         if not target.is_file():
             report.missing.append(rel)
-            continue
-        current = target.read_text(encoding="utf-8")
-        if current != files[rel]:
-            diff = difflib.unified_diff(
-                current.splitlines(keepends=True),
-                files[rel].splitlines(keepends=True),
-                fromfile=f"generated/{rel} (on disk)",
-                tofile=f"generated/{rel} (from conf/ and templates/)",
-            )
-            report.stale[rel] = "".join(diff)
-    manifest = root / MANIFEST
-    expected = manifest_text(files)
-    if not manifest.is_file():
-        report.missing.append(MANIFEST)
-    elif manifest.read_text(encoding="utf-8") != expected:
-        report.stale[MANIFEST] = "".join(
-            difflib.unified_diff(
-                manifest.read_text(encoding="utf-8").splitlines(keepends=True),
-                expected.splitlines(keepends=True),
-                fromfile=f"generated/{MANIFEST} (on disk)",
-                tofile=f"generated/{MANIFEST} (from conf/)",
-            )
-        )
+        elif not _holds(target, expected_files[rel]):
+            report.stale[rel] = _difference(rel, target.read_bytes(), expected_files[rel])
     report.orphaned = sorted(existing_files(root) - set(files) - {MANIFEST})
     return report

@@ -165,3 +165,25 @@ def test_two_builds_into_one_folder_never_interleave(tmp_path):
     worker.join(10)
     assert done.is_set() and (tmp_path / "m" / "stage.py").read_text() == "2\n"
     assert not list(tmp_path.rglob("*.tmp"))
+
+
+@pytest.mark.parametrize(
+    ("damage", "reported"),
+    [
+        (lambda text: text.replace(b"\n", b"\r\n"), "same text, but with CRLF line ends"),
+        (lambda text: text.replace(b"b", b"\xe9"), "is not UTF-8"),
+        (lambda text: text + b"# edited\n", "+++ generated/m/stage.py (from conf/ and templates/)"),
+    ],
+    ids=["crlf", "encoding", "edit"],
+)
+def test_check_tells_the_truth_about_damage_and_build_repairs_it(tmp_path, damage, reported):
+    files = {"m/stage.py": "a = 'b'\nc = 1\n"}
+    render.write_tree(tmp_path, files, scope=None)
+    target = tmp_path / "m" / "stage.py"
+    target.write_bytes(damage(target.read_bytes()))
+    damaged = target.read_bytes()
+    report = render.check_tree(tmp_path, files)
+    assert list(report.stale) == ["m/stage.py"] and reported in report.stale["m/stage.py"]
+    assert target.read_bytes() == damaged, "check never writes"
+    assert render.write_tree(tmp_path, files, scope=None).written == ["m/stage.py"]
+    assert render.check_tree(tmp_path, files).ok
