@@ -129,6 +129,28 @@ class OmnigenTinyTalkerRunner(OmniRunnerBase, vllm_api.GPUModelRunner):
         if rows.num_rows == 0:
             return
         keys = phases.runner_keys(rows)
+        # A raising hook or a bad hook output leaves every buffer, mirror and input as it was.
+        journal = phases.StepJournal(
+            self,
+            rows.req_ids,
+            input_ids,
+            inputs_embeds,
+            # The MTP rows of the step are staged in the first rows of the four buffers.
+            self.talker_mtp_input_ids.gpu[: rows.num_rows],
+            self.talker_mtp_inputs_embeds.gpu[: rows.num_rows],
+            self.last_talker_hidden.gpu[: rows.num_rows],
+            self.text_step.gpu[: rows.num_rows],
+        )
+        try:
+            self._hook_rows(rows, keys, input_ids, inputs_embeds)
+        except BaseException:
+            journal.undo()
+            raise
+
+    def _hook_rows(
+        self, rows: Any, keys: list[dict[str, Any]], input_ids: torch.Tensor, inputs_embeds: torch.Tensor
+    ) -> None:
+        """Each row through the model's hooks, in batch order (3.1-3.5)."""
         # preprocess.decode_batch=mtp: adjacent single-token decode rows share one hook call
         # that also returns their MTP inputs.
         segments = phases.segments(rows.single_decode)
@@ -149,11 +171,13 @@ class OmnigenTinyTalkerRunner(OmniRunnerBase, vllm_api.GPUModelRunner):
                 ids_out, embeds_out, update = self.model.preprocess(
                     input_ids=input_ids[start:end], input_embeds=inputs_embeds[start:end], **infos
                 )
+                phases.check_row_output(
+                    req_id, end - start, inputs_embeds.shape[1], ids_out, embeds_out, update
+                )
                 self._update_intermediate_buffer(req_id, update)
-                written = min(end - start, embeds_out.shape[0])
-                inputs_embeds[start : start + written] = embeds_out[:written]
-                if isinstance(ids_out, torch.Tensor) and ids_out.numel() == written:
-                    input_ids[start : start + written] = ids_out
+                inputs_embeds[start:end] = embeds_out
+                if ids_out is not None:
+                    input_ids[start:end] = ids_out.reshape(-1)
                 continue
             req_ids = rows.req_ids[first:last]
             stamped = phases.stamp_batch(self, req_ids, keys[first:last])

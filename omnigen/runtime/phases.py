@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+import torch
 
 CONTIGUITY_ERROR = "Non-MTP batched decode preprocessing requires contiguous in-bounds token offsets"
 
@@ -208,3 +209,112 @@ def check_batch_outputs(
             f"embeddings and {got_updates} updates for {num_rows} rows; it must return exactly one "
             "of each per row"
         )
+
+
+# -- A step's preprocessing, all or nothing (issue 9) ---------------------------------------------
+
+
+class StepJournal:
+    """What a step's hooks may change (the rows' buffers and mirrors, the persistent inputs, the
+    MTP generators), kept so that a failure anywhere in the step puts every one of them back.
+
+    Buffers are restored in place, so a buffer and its mirror stay the same object (4.1).
+    """
+
+    def __init__(self, runner: Any, req_ids: list[str], *inputs: Any) -> None:
+        self._runner = runner
+        # The persistent inputs the step writes: ids, embeddings and, on an MTP stage, the four
+        # MTP staging buffers.
+        self._inputs = [(tensor, tensor.clone()) for tensor in inputs]
+        self._generators = dict(runner._talker_mtp_generators)
+        buffers = runner.model_intermediate_buffer
+        self._buffers: dict[str, Any] = {}
+        self._mirrors: dict[str, Any] = {}
+        for req_id in req_ids:
+            buffer = buffers.get(req_id)
+            self._buffers[req_id] = _ABSENT if buffer is None else _buffer_contents(buffer)
+            request = runner.requests.get(req_id)
+            if request is not None:
+                self._mirrors[req_id] = getattr(request, "additional_information_cpu", _ABSENT)
+
+    def undo(self) -> None:
+        runner = self._runner
+        buffers = runner.model_intermediate_buffer
+        for req_id, saved in self._buffers.items():
+            if saved is _ABSENT:
+                buffers.pop(req_id, None)
+            else:
+                buffers[req_id] = saved[0]
+                _restore_buffer(saved)
+        for req_id, mirror in self._mirrors.items():
+            request = runner.requests.get(req_id)
+            if request is None:
+                continue
+            if mirror is _ABSENT:
+                with contextlib.suppress(AttributeError):
+                    delattr(request, "additional_information_cpu")
+            else:
+                request.additional_information_cpu = mirror
+        for tensor, saved in self._inputs:
+            tensor.copy_(saved)
+        generators = runner._talker_mtp_generators
+        generators.clear()
+        generators.update(self._generators)
+
+
+def _buffer_contents(
+    buffer: dict[str, Any],
+) -> tuple[dict[str, Any], dict[str, Any], dict[str, dict[str, Any]]]:
+    """``(the buffer, its entries, each sub-dict's entries)``: what a merge one level deep can change."""
+    return (
+        buffer,
+        dict(buffer),
+        {key: dict(value) for key, value in buffer.items() if isinstance(value, dict)},
+    )
+
+
+def _restore_buffer(saved: tuple[Any, ...]) -> None:
+    buffer, entries, subs = saved
+    for key, sub in subs.items():
+        entries[key].clear()
+        entries[key].update(sub)
+    buffer.clear()
+    buffer.update(entries)
+
+
+def check_row_output(
+    req_id: str, span: int, width: int, ids: Any, embeds: Any, update: Any, mtp_width: int | None = None
+) -> None:
+    """Raise, naming the request, unless a per-row ``preprocess`` returned what the row needs:
+    ``span`` embedding rows of ``width`` (floating point), ids of the row's length (or None), an
+    update dict (or None), and, on an MTP row, ``mtp_inputs`` of two hidden vectors of
+    ``mtp_width``."""
+    problems = []
+    if (
+        not isinstance(embeds, torch.Tensor)
+        or tuple(embeds.shape) != (span, width)
+        or not embeds.is_floating_point()
+    ):
+        got = (
+            f"{tuple(embeds.shape)} {embeds.dtype}"
+            if isinstance(embeds, torch.Tensor)
+            else type(embeds).__name__
+        )
+        problems.append(f"embeddings {got}, expected ({span}, {width}) floating point")
+    if ids is not None and (not isinstance(ids, torch.Tensor) or ids.numel() != span):
+        got = f"{ids.numel()} ids" if isinstance(ids, torch.Tensor) else type(ids).__name__
+        problems.append(f"{got}, expected {span} ids (or None to keep the scheduled ones)")
+    if update is not None and not isinstance(update, dict):
+        problems.append(f"an update of type {type(update).__name__}, expected a dict")
+    if mtp_width is not None:
+        pair = update.get("mtp_inputs") if isinstance(update, dict) else None
+        if not (
+            isinstance(pair, tuple)
+            and len(pair) == 2
+            and all(isinstance(t, torch.Tensor) and t.numel() == mtp_width for t in pair)
+        ):
+            problems.append(
+                f"no update['mtp_inputs'] of two {mtp_width}-wide hidden vectors on a talker-MTP decode row"
+            )
+    if problems:
+        raise ValueError(f"request {req_id}: model.preprocess returned " + "; ".join(problems))

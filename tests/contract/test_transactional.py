@@ -1,0 +1,70 @@
+"""A step's preprocessing is all or nothing (issue 9, item 5).
+
+A per-row hook that raises, or returns what the row cannot take, on the third hooked row of a
+step leaves every buffer, mirror, persistent input and MTP buffer as it was before the step, and
+the error names the request. Before, the first rows' updates stayed merged, their runner keys
+stamped, and short embeddings were written partially.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from ._support import HOOK_VARIANTS, FakeModel, Step, ids, rig, rows_of, runner_state
+
+FAULTS = ("raises", "short_embeds", "wide_embeds", "int_embeds", "ids_count", "update_type")
+# Five rows the per-row hook takes one by one (prefills), with a decode row between them.
+KINDS = ["prefill", "tail", "decode", "cached_prefill", "single_prompt", "prefill"]
+
+
+class FaultyModel(FakeModel):
+    """FakeModel whose per-row hook goes wrong on its third call."""
+
+    fault = "raises"
+
+    def preprocess(self, input_ids, input_embeds, **infos):
+        calls = len(self.recorder.of("preprocess"))
+        ids_out, embeds, update = super().preprocess(input_ids, input_embeds, **infos)
+        if calls != 2:
+            return ids_out, embeds, update
+        if self.fault == "raises":
+            raise RuntimeError("the model failed")
+        if self.fault == "short_embeds":
+            return ids_out, embeds[:-1], update
+        if self.fault == "wide_embeds":
+            return ids_out, torch.cat([embeds, embeds[:, :1]], dim=1), update
+        if self.fault == "int_embeds":
+            return ids_out, embeds.to(torch.int64), update
+        if self.fault == "ids_count":
+            return torch.cat([ids_out, ids_out]), embeds, update
+        return ids_out, embeds, ["not", "a", "dict"]
+
+
+@pytest.mark.parametrize("variant", HOOK_VARIANTS, ids=ids(HOOK_VARIANTS))
+@pytest.mark.parametrize("fault", FAULTS)
+def test_a_bad_row_leaves_the_whole_step_as_it_was(variant, fault, recorder, ctx, graph):
+    graph.for_policy(variant.caps["mtp_graph"] or "unsafe")
+    step = Step(rows_of(KINDS))
+    r = rig(variant, step, recorder, ctx)
+    r.runner.model.__class__ = FaultyModel
+    r.runner.model.fault = fault
+    buffers = {
+        row.req_id: {"meta": {"tag": row.tag}, "codes": {"audio": torch.ones(1, 2)}} for row in step.rows[:2]
+    }
+    for req_id, buf in buffers.items():
+        r.runner.model_intermediate_buffer[req_id] = buf
+        r.runner.requests[req_id].additional_information_cpu = buf
+    before = runner_state(r.runner)
+    objects = {req_id: id(buf) for req_id, buf in r.runner.model_intermediate_buffer.items()}
+    error = RuntimeError if fault == "raises" else ValueError
+    with pytest.raises(error) as err:
+        r.runner._preprocess_rows(step.sched, step.ids(), step.embeds())
+    assert len(recorder.of("preprocess")) == 3, "the fault came on the third hooked row"
+    assert runner_state(r.runner) == before
+    assert {k: id(v) for k, v in r.runner.model_intermediate_buffer.items()} == objects, (
+        "buffers restored in place"
+    )
+    if fault != "raises":
+        third = recorder.of("preprocess")[2]["req_id"]
+        assert f"request {third}: model.preprocess returned" in str(err.value)
