@@ -288,33 +288,42 @@ def check_row_output(
     """Raise, naming the request, unless a per-row ``preprocess`` returned what the row needs:
     ``span`` embedding rows of ``width`` (floating point), ids of the row's length (or None), an
     update dict (or None), and, on an MTP row, ``mtp_inputs`` of two hidden vectors of
-    ``mtp_width``."""
+    ``mtp_width``. The common case is a handful of attribute reads: this runs on every row."""
+    embeds_ok = (
+        isinstance(embeds, torch.Tensor) and embeds.shape == (span, width) and embeds.is_floating_point()
+    )
+    ids_ok = ids is None or (isinstance(ids, torch.Tensor) and ids.numel() == span)
+    update_ok = update is None or isinstance(update, dict)
+    mtp_ok = mtp_width is None or _mtp_inputs_ok(update, mtp_width)
+    if embeds_ok and ids_ok and update_ok and mtp_ok:
+        return
     problems = []
-    if (
-        not isinstance(embeds, torch.Tensor)
-        or tuple(embeds.shape) != (span, width)
-        or not embeds.is_floating_point()
-    ):
+    if not embeds_ok:
         got = (
             f"{tuple(embeds.shape)} {embeds.dtype}"
             if isinstance(embeds, torch.Tensor)
             else type(embeds).__name__
         )
         problems.append(f"embeddings {got}, expected ({span}, {width}) floating point")
-    if ids is not None and (not isinstance(ids, torch.Tensor) or ids.numel() != span):
+    if not ids_ok:
         got = f"{ids.numel()} ids" if isinstance(ids, torch.Tensor) else type(ids).__name__
         problems.append(f"{got}, expected {span} ids (or None to keep the scheduled ones)")
-    if update is not None and not isinstance(update, dict):
+    if not update_ok:
         problems.append(f"an update of type {type(update).__name__}, expected a dict")
-    if mtp_width is not None:
-        pair = update.get("mtp_inputs") if isinstance(update, dict) else None
-        if not (
-            isinstance(pair, tuple)
-            and len(pair) == 2
-            and all(isinstance(t, torch.Tensor) and t.numel() == mtp_width for t in pair)
-        ):
-            problems.append(
-                f"no update['mtp_inputs'] of two {mtp_width}-wide hidden vectors on a talker-MTP decode row"
-            )
-    if problems:
-        raise ValueError(f"request {req_id}: model.preprocess returned " + "; ".join(problems))
+    if not mtp_ok:
+        problems.append(
+            f"no update['mtp_inputs'] of two {mtp_width}-wide hidden vectors on a talker-MTP decode row"
+        )
+    raise ValueError(f"request {req_id}: model.preprocess returned " + "; ".join(problems))
+
+
+def _mtp_inputs_ok(update: Any, width: int) -> bool:
+    pair = update.get("mtp_inputs") if isinstance(update, dict) else None
+    return (
+        isinstance(pair, tuple)
+        and len(pair) == 2
+        and isinstance(pair[0], torch.Tensor)
+        and isinstance(pair[1], torch.Tensor)
+        and pair[0].numel() == width
+        and pair[1].numel() == width
+    )
