@@ -189,21 +189,13 @@ class MossTtsLocalTalkerRunner(OmniRunnerBase, vllm_api.GPUModelRunner):
                     input_ids[start:end] = ids_out.reshape(-1)
                 continue
             req_ids = rows.req_ids[first:last]
-            stamped = phases.stamp_batch(self, req_ids, keys[first:last])
+            infos = phases.stamp_batch(self, req_ids, keys[first:last])
             offsets = rows.offsets[first:last].tolist()
             index = torch.tensor(offsets, dtype=torch.long).to(input_ids.device, non_blocking=True)
             ids_out, embeds_out, last_hidden, text_step, updates = self.model.preprocess_decode_batch(
-                input_ids=input_ids.index_select(0, index), req_infos=stamped.infos
+                input_ids=input_ids.index_select(0, index), req_infos=infos
             )
-            phases.check_batch_outputs(
-                last - first,
-                ids_out,
-                embeds_out,
-                updates,
-                "preprocess_decode_batch",
-                stamped,
-                self.model_intermediate_buffer,
-            )
+            phases.check_batch_outputs(last - first, ids_out, embeds_out, updates, "preprocess_decode_batch")
             inputs_embeds.index_copy_(0, index, embeds_out)
             input_ids.index_copy_(0, index, ids_out.reshape(-1).to(input_ids.dtype))
             mtp_ids.append(ids_out.reshape(-1))

@@ -8,7 +8,7 @@ batch instead of per-row Python arithmetic.
 from __future__ import annotations
 
 import contextlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -124,86 +124,35 @@ def check_contiguous_runs(phases: RowPhases, runs: list[tuple[int, int, bool]], 
 _ABSENT = object()
 
 
-@dataclass
-class StampedBatch:
-    """A decode batch's infos with the runner keys written in, and how to take them back out."""
-
-    infos: list[dict[str, Any]]
-    """What the batch hook sees: the rows' buffers, or copies of them (request features)."""
-    previous: list[tuple[Any, ...]]
-    """What each row's runner keys held before (``_ABSENT`` where a key was not there)."""
-    created: list[str]
-    """Requests whose buffer was created for this batch."""
-    buffers: list[dict[str, Any]] = field(default_factory=list)
-    """The rows' own buffers, where the runner keys were written."""
-    mirrors: list[tuple[Any, Any]] = field(default_factory=list)
-    """``(request, previous additional_information_cpu)`` of each created buffer."""
-
-    def undo(self, buffers: dict[str, Any]) -> None:
-        """Put every row's buffer (and the mirror of a created one) back as it was before the batch."""
-        for row_infos, held in zip(self.buffers, self.previous, strict=True):
-            for key, value in zip(RUNNER_KEYS, held, strict=True):
-                if value is _ABSENT:
-                    row_infos.pop(key, None)
-                else:
-                    row_infos[key] = value
-        for req_id in self.created:
-            buffers.pop(req_id, None)
-        for request, mirror in self.mirrors:
-            if mirror is _ABSENT:
-                with contextlib.suppress(AttributeError):
-                    delattr(request, "additional_information_cpu")
-            else:
-                request.additional_information_cpu = mirror
-
-
 def stamp_batch(
     runner: Any, req_ids: list[str], keys: list[dict[str, Any]], *, attach_request_features: bool = False
-) -> StampedBatch:
-    """Write the runner keys of a decode batch's rows into their buffers (3.1), undoably.
-
-    The hook sees the requests' buffers, created where missing (``runner._request_buffer``),
-    or, with ``attach_request_features``, the copies ``runner._attach_request_features`` makes.
+) -> list[dict[str, Any]]:
+    """Write the runner keys of a decode batch's rows into their buffers (3.1); what the batch
+    hook sees: the requests' buffers, created where missing (``runner._request_buffer``), or, with
+    ``attach_request_features``, the copies ``runner._attach_request_features`` makes. (A failure
+    later in the step is undone by the step's ``StepJournal``.)
     """
-    buffers = runner.model_intermediate_buffer
-    created = [req_id for req_id in req_ids if req_id not in buffers and req_id in runner.requests]
-    mirrors = [
-        (request, getattr(request, "additional_information_cpu", _ABSENT))
-        for request in (runner.requests[req_id] for req_id in created)
-    ]
     own = [runner._request_buffer(req_id) for req_id in req_ids]
-    previous = []
     for row_infos, row_keys in zip(own, keys, strict=True):
-        previous.append(tuple(row_infos.get(key, _ABSENT) for key in RUNNER_KEYS))
         row_infos.update(row_keys)
-    infos = own
-    if attach_request_features:
-        # The copies carry the runner keys written into the buffers above (3.1, 3.8).
-        infos = [
-            runner._attach_request_features(runner.requests.get(req_id), row_infos, req_id)
-            for req_id, row_infos in zip(req_ids, own, strict=True)
-        ]
-    return StampedBatch(infos=infos, previous=previous, created=created, buffers=own, mirrors=mirrors)
+    if not attach_request_features:
+        return own
+    # The copies carry the runner keys written into the buffers above (3.1, 3.8).
+    return [
+        runner._attach_request_features(runner.requests.get(req_id), row_infos, req_id)
+        for req_id, row_infos in zip(req_ids, own, strict=True)
+    ]
 
 
-def check_batch_outputs(
-    num_rows: int,
-    ids: Any,
-    embeds: Any,
-    updates: Any,
-    hook: str,
-    stamped: StampedBatch,
-    buffers: dict[str, Any],
-) -> None:
+def check_batch_outputs(num_rows: int, ids: Any, embeds: Any, updates: Any, hook: str) -> None:
     """Raise before any buffer write unless a batch hook returned one result per row (3.5).
 
-    On failure the batch's buffers are put back as they were before the step.
+    The step's ``StepJournal`` then puts the runner keys the batch stamped back as they were.
     """
     got_ids = int(ids.numel()) if hasattr(ids, "numel") else len(ids)
     got_embeds = int(embeds.shape[0]) if getattr(embeds, "ndim", 0) == 2 else 0
     got_updates = len(updates)
     if not got_ids == got_embeds == got_updates == num_rows:
-        stamped.undo(buffers)
         raise ValueError(
             f"batched decode preprocessing: model.{hook} returned {got_ids} ids, {got_embeds} "
             f"embeddings and {got_updates} updates for {num_rows} rows; it must return exactly one "
