@@ -40,9 +40,12 @@ class StepSnapshot:
 
 def snapshot(runner: Any, hidden: Any, payload: Any) -> StepSnapshot:
     """The rows of the step that just ran forward, with what it produced."""
-    req_ids = tuple(runner.input_batch.req_ids)
-    bounds = tuple(int(x) for x in runner.query_start_loc.np[: len(req_ids) + 1])
-    return StepSnapshot(req_ids=req_ids, bounds=bounds, hidden=hidden, payload=payload)
+    return StepSnapshot(
+        req_ids=tuple(runner.input_batch.req_ids),
+        bounds=tuple(_bounds(runner)),
+        hidden=hidden,
+        payload=payload,
+    )
 
 
 def postprocess_infos(buffer: dict[str, Any] | None) -> dict[str, Any]:
@@ -150,6 +153,10 @@ def _host(value: Any) -> Any:
 
 def row_spans(runner: Any) -> list[tuple[int, int]]:
     """Each row's ``(start, end)`` hidden rows in this step, in batch order."""
-    count = len(runner.input_batch.req_ids)
-    bounds = runner.query_start_loc.np[: count + 1].tolist()
-    return [(bounds[row], bounds[row + 1]) for row in range(count)]
+    bounds = _bounds(runner)
+    return list(zip(bounds[:-1], bounds[1:], strict=True))
+
+
+def _bounds(runner: Any) -> list[int]:
+    """vLLM's ``query_start_loc`` of the step's rows: row ``i`` is ``bounds[i]:bounds[i + 1]``."""
+    return runner.query_start_loc.np[: len(runner.input_batch.req_ids) + 1].tolist()
