@@ -1,0 +1,187 @@
+"""Qwen3-Omni (MoE): thinker -> talker -> code2wav.
+
+Matches vllm-omni 0.30's ``stage_input_processors/qwen3_omni.py`` in full-payload mode:
+
+* ``thinker2talker``: the payload of ``thinker2talker_full_payload`` and the prompt of
+  ``thinker2talker_token_only`` (the talker stage's ``sync_process_input_func``);
+* ``talker2code2wav``: the payload of ``talker2code2wav_full_payload``; the code2wav stage
+  has no input function, so its prompt is vllm-omni's default, the talker's output ids.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from .types import (
+    GlueError,
+    NextStageInput,
+    StageResult,
+    finished_flag,
+    first_tensor,
+    prompt_list_entry,
+    voice_from_payload,
+)
+
+# Chat-template tokens of the thinker's vocabulary.
+IM_START = 151644
+SYSTEM = 8948
+USER = 872
+ASSISTANT = 77091
+ASSISTANT_TALKER_PREFIX = 9
+"""Talker positions for the reply's own turn: 3 + 4 + 1 + 1 (role, codec prefix, bos, pad)."""
+
+CODEBOOK_SIZE = 2048
+"""The talker's codec ids are in [0, 2048); 4196-4198 (pad, bos, eos) and the stop id are not."""
+
+EMBEDDING_LAYER = 0
+"""The thinker's word embeddings are captured layer 0."""
+
+THINKER2TALKER = "omnigen.glue.qwen3_omni.thinker2talker"
+TALKER2CODE2WAV = "omnigen.glue.qwen3_omni.talker2code2wav"
+
+
+def talker_prompt_length(prompt_token_ids: Sequence[int], all_token_ids: Sequence[int]) -> int:
+    """How many positions the talker's prefill has for a thinker conversation.
+
+    The talker sees every user turn whole and, for the reply (the last turn, when it is the
+    assistant's), a fixed nine-position prefix; system turns are skipped. Turns are split at
+    ``<|im_start|>`` in the prompt; the last one runs to the end of prompt + reply.
+    """
+    starts = [i for i, token in enumerate(prompt_token_ids) if token == IM_START]
+    bounds = [*starts, len(all_token_ids)]
+    length = 0
+    for turn, (start, end) in enumerate(zip(bounds, bounds[1:], strict=False)):
+        role = prompt_token_ids[start + 1] if start + 1 < len(prompt_token_ids) else None
+        if role == USER:
+            length += end - start
+        elif role == ASSISTANT and turn == len(starts) - 1:
+            length += ASSISTANT_TALKER_PREFIX
+    return length
+
+
+def _accept_hidden_layer(source: StageResult, accept_hidden_layer: int | None) -> int:
+    if accept_hidden_layer is not None:
+        return int(accept_hidden_layer)
+    talker_config = getattr(source.hf_config, "talker_config", None)
+    layer = getattr(talker_config, "accept_hidden_layer", None)
+    if layer is None:
+        raise GlueError(
+            THINKER2TALKER,
+            source.request_id,
+            "the thinker layer the talker reads is unknown: give StageResult.hf_config (the model's HF "
+            "config, with talker_config.accept_hidden_layer) or accept_hidden_layer=",
+        )
+    return int(layer)
+
+
+def thinker2talker(source: StageResult, *, accept_hidden_layer: int | None = None) -> NextStageInput:
+    """The thinker's captured layers -> the talker's conditioning, and its placeholder prompt.
+
+    * ``embed.prefill``: the thinker's word embeddings (layer 0, or ``hidden`` when layer 0
+      was not captured); ``hidden_states.output``: the layer the talker accepts
+      (``talker_config.accept_hidden_layer``). Both drop their last row when there is more
+      than one: it belongs to the final sampled token, which the thinker never ran.
+    * ``embed.tts_bos`` / ``tts_eos`` / ``tts_pad``: the thinker's TTS special embeddings.
+    * ``ids.all`` (prompt + reply) and ``ids.prompt``: the talker re-derives its turns.
+    * Speaker and language: the thinker request's own (normalized), else the caller's prompt's.
+    * The prompt: placeholders, as many as ``talker_prompt_length`` positions.
+    """
+    layer = _accept_hidden_layer(source, accept_hidden_layer)
+    embeddings = source.get(f"hidden_states.layer_{EMBEDDING_LAYER}")
+    if not isinstance(embeddings, torch.Tensor):
+        embeddings = source.get("hidden")
+    accepted = source.get(f"hidden_states.layer_{layer}")
+    if not isinstance(embeddings, torch.Tensor) or not isinstance(accepted, torch.Tensor):
+        raise GlueError(
+            THINKER2TALKER,
+            source.request_id,
+            f"missing thinker tensors: embeddings (hidden_states.layer_{EMBEDDING_LAYER} or hidden) "
+            f"{'found' if isinstance(embeddings, torch.Tensor) else 'absent'}, hidden_states.layer_{layer} "
+            f"{'found' if isinstance(accepted, torch.Tensor) else 'absent'}; payload keys "
+            f"{sorted(source.payload)}",
+        )
+    embeddings = embeddings[:-1] if embeddings.shape[0] > 1 else embeddings
+    accepted = accepted[:-1] if accepted.shape[0] > 1 else accepted
+    all_ids = source.all_token_ids
+    if all_ids and (embeddings.shape[0] == 0 or accepted.shape[0] == 0):
+        raise GlueError(
+            THINKER2TALKER,
+            source.request_id,
+            f"empty thinker conditioning for {len(all_ids)} token ids "
+            f"(embedding rows {embeddings.shape[0]}, hidden rows {accepted.shape[0]})",
+        )
+
+    embed: dict[str, Any] = {"prefill": embeddings.detach().cpu()}
+    for name in ("tts_bos", "tts_eos", "tts_pad"):
+        tensor = first_tensor(source.get(f"embed.{name}"))
+        if tensor is not None:
+            embed[name] = tensor
+    payload: dict[str, Any] = {
+        "embed": embed,
+        "hidden_states": {"output": accepted.detach().cpu()},
+        "ids": {"all": list(all_ids), "prompt": list(source.prompt_token_ids)},
+        "meta": {"finished": finished_flag()},
+    }
+    # The caller's prompt first, the request's own metadata over it (it is the later merge in
+    # vllm-omni too: the connector payload lands after the request's own information).
+    for key in ("speaker", "language"):
+        value = voice_from_payload(source.input_payload, key)
+        if value is None:
+            value = prompt_list_entry(source.user_prompt, "additional_information", key)
+        if value is not None:
+            payload[key] = value
+    length = talker_prompt_length(source.prompt_token_ids, all_ids)
+    return NextStageInput(prompt_token_ids=[0] * length, payload=payload)
+
+
+def codec_rows(codes: torch.Tensor, output_token_ids: Sequence[int]) -> torch.Tensor:
+    """The talker's codec rows that belong to real codec tokens.
+
+    Rows and output ids are aligned from the end (the runner also kept prefill rows); a row
+    stays when its sampled id is a codec id (not the stop id, pad, bos or eos, nor an async
+    ``-1`` placeholder) and all its codes are in the codebook.
+    """
+    if codes.ndim != 2 or codes.numel() == 0:
+        return codes
+    aligned = min(int(codes.shape[0]), len(output_token_ids))
+    rows = codes[codes.shape[0] - aligned :]
+    ids = list(output_token_ids)[len(output_token_ids) - aligned :]
+    is_codec = torch.tensor([_is_codec_id(token) for token in ids], dtype=torch.bool, device=rows.device)
+    in_codebook = (rows.min(dim=1).values >= 0) & (rows.max(dim=1).values < CODEBOOK_SIZE)
+    return rows[is_codec & in_codebook] if aligned else rows[:0]
+
+
+def _is_codec_id(token: Any) -> bool:
+    try:
+        return 0 <= int(token) < CODEBOOK_SIZE
+    except (TypeError, ValueError):
+        return False
+
+
+def talker2code2wav(source: StageResult) -> NextStageInput:
+    """The talker's codec rows -> code2wav's codes, codebook-major, as a list of ints.
+
+    The prompt is the talker's output ids (vllm-omni gives the code2wav stage no input
+    function, so it gets the default: the producer's output tokens); code2wav reads its codes
+    from the buffer.
+    """
+    codes = source.get("codes.audio")
+    if codes is None:
+        raise GlueError(TALKER2CODE2WAV, source.request_id, f"no codes.audio in {sorted(source.payload)}")
+    if not isinstance(codes, torch.Tensor):
+        codes = torch.as_tensor(codes)
+    if codes.numel() == 0:
+        raise GlueError(TALKER2CODE2WAV, source.request_id, "codes.audio is empty")
+    rows = codec_rows(codes.to(torch.long), source.output_token_ids)
+    if rows.numel() == 0:
+        raise GlueError(
+            TALKER2CODE2WAV,
+            source.request_id,
+            f"no codec row left of {tuple(codes.shape)} for {len(source.output_token_ids)} output ids",
+        )
+    flat = rows.transpose(0, 1).cpu().reshape(-1).tolist()
+    payload = {"codes": {"audio": flat}, "meta": {"finished": finished_flag()}}
+    return NextStageInput(prompt_token_ids=list(source.output_token_ids), payload=payload)
