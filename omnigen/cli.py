@@ -79,10 +79,16 @@ def build_command(args: list[str]) -> int:
         # (file, key, fix) instead of Hydra's; then Hydra runs the task as usual.
         pipeline.model_plan(model, [o for o in overrides if not o.startswith(("out=", "hydra"))])
     elif model is not None:
-        # A sweep: Hydra composes each cell itself, so each model it names is checked here first,
-        # as a single run's would be (a known config, readable YAML).
+        # A sweep or a Hydra flag: Hydra composes each cell itself, so each model it names is
+        # checked here first with the overrides, as a single run's would be; the overrides are
+        # those Hydra's own argument parser finds (a flag's value is not one).
+        from hydra._internal.utils import get_args_parser
+
+        hydra_overrides = [
+            o for o in get_args_parser().parse_args(args).overrides if not o.startswith("model=")
+        ]
         for name in model.split(","):
-            pipeline.check_model_name(name)
+            pipeline.check_model_name(name, hydra_overrides, sweeps_allowed=True)
     from omnigen import hydra_app
 
     return hydra_app.run(args)
@@ -161,6 +167,8 @@ def check_command(args: list[str]) -> int:
         models.add(rel.split("/", 1)[0])
     for rel in report.orphaned:
         print(f"orphaned: generated/{rel}")
+    for rel in report.interrupted:
+        print(f"interrupted build: generated/{rel} (a build was killed; the next build finishes it)")
     print("fix: omnigen build   (regenerates every model; removes orphaned files)")
     for model in sorted(m for m in models if m in paths.model_names()):
         print(f"     or omnigen build model={model}")

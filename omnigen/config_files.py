@@ -18,18 +18,35 @@ MAX_BYTES = 256 * 1024
 MAX_DEPTH = 16
 
 
+# Byte-order marks of the encodings an editor may save in; UTF-32's first, as UTF-16's is its prefix.
+_WIDE_BOMS = (
+    (b"\xff\xfe\x00\x00", "UTF-32"),
+    (b"\x00\x00\xfe\xff", "UTF-32"),
+    (b"\xff\xfe", "UTF-16"),
+    (b"\xfe\xff", "UTF-16"),
+)
+
+
 class ConfigFileError(ValueError):
     """A model config file that is not a YAML mapping omnigen can read."""
 
 
-def check_model_file(path: Path, shown_as: str) -> None:
-    """Raise ``ConfigFileError`` naming ``shown_as``, line and column for any unreadable content."""
+def read_model_file(path: Path, shown_as: str) -> yaml.Node | None:
+    """The file's YAML node tree (``None`` for an empty file), with every node's line and column.
+
+    Raises ``ConfigFileError`` naming ``shown_as``, line and column for any unreadable content.
+    """
     data = path.read_bytes()
     if len(data) > MAX_BYTES:
         raise ConfigFileError(
             f"{shown_as}: {len(data)} bytes; a model config is at most {MAX_BYTES} bytes: remove what it "
             "does not need"
         )
+    for bom, encoding in _WIDE_BOMS:
+        if data.startswith(bom):
+            raise ConfigFileError(
+                f"{shown_as}: the file is {encoding}; a config is UTF-8 text: save it as UTF-8"
+            )
     if b"\0" in data:
         line, column = _position(data, data.index(b"\0"))
         raise ConfigFileError(f"{shown_as}:{line}:{column}: a NUL byte; a config is UTF-8 text: remove it")
@@ -40,8 +57,11 @@ def check_model_file(path: Path, shown_as: str) -> None:
         raise ConfigFileError(
             f"{shown_as}:{line}:{column}: byte 0x{data[exc.start]:02x} is not UTF-8; save the file as UTF-8"
         ) from exc
+    loader = _StrictLoader(text)
     try:
-        document = yaml.load(text, Loader=_StrictLoader)  # noqa: S506 - a SafeLoader subclass
+        node = loader.get_single_node()
+        # Constructing the document finds duplicate keys; the node tree is what is checked next.
+        document = None if node is None else loader.construct_document(node)
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         where = f"{shown_as}:{mark.line + 1}:{mark.column + 1}" if mark else shown_as
@@ -49,11 +69,14 @@ def check_model_file(path: Path, shown_as: str) -> None:
         raise ConfigFileError(f"{where}: {problem}; fix the YAML there") from exc
     except yaml.YAMLError as exc:
         raise ConfigFileError(f"{shown_as}: {exc}; fix the YAML") from exc
+    finally:
+        loader.dispose()
     if document is not None and not isinstance(document, dict):
         raise ConfigFileError(
             f"{shown_as}: the file holds a {type(document).__name__}, not a mapping of keys "
             "(name:, title:, arch:, stages:, ...)"
         )
+    return node
 
 
 def _position(data: bytes, offset: int) -> tuple[int, int]:

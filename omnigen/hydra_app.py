@@ -42,7 +42,9 @@ def _build_task(cfg: DictConfig) -> None:
     # Errors are raised, never sys.exit: a --multirun sweep reports a failed cell and goes on.
     hydra_cfg = HydraConfig.get()
     overrides = [o for o in hydra_cfg.overrides.task if not o.startswith(_NOT_IN_HEADER)]
-    plan = pipeline.plan_from_config(cfg, hydra_cfg.runtime.choices.get("model"))
+    plan = pipeline.plan_from_config(
+        cfg, hydra_cfg.runtime.choices.get("model"), list(hydra_cfg.overrides.task)
+    )
     multirun = hydra_cfg.mode == RunMode.MULTIRUN
     from omnigen import cli
 

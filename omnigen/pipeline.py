@@ -6,6 +6,7 @@ config error reads the same everywhere: ``conf/model/x.yaml: key: problem; fix``
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 
 from hydra import compose, initialize_config_dir
@@ -20,8 +21,9 @@ from omegaconf.errors import (
     ValidationError,
 )
 
-from omnigen import paths, render
-from omnigen.config_files import ConfigFileError, check_model_file
+from omnigen import paths, render, shape
+from omnigen.config_files import ConfigFileError, read_model_file
+from omnigen.findings import Finding, blame_overrides, report
 from omnigen.plan import ModelPlan, plan_build
 from omnigen.schema import register_configs
 from omnigen.spec import SpecError, build_spec, model_source
@@ -31,23 +33,42 @@ class ConfigError(ValueError):
     """A config that does not compose or does not hold together; the message says where and how to fix it."""
 
 
-def check_model_name(model: str) -> None:
-    """``model`` names a config in conf/model, whose file is readable YAML; else ConfigError."""
+def check_model_name(model: str, overrides: Sequence[str] = (), *, sweeps_allowed: bool = False) -> None:
+    """``model`` names a config in conf/model whose file, with ``overrides``, has the schema's shape.
+
+    Everything checkable before Hydra composes is checked here and reported at once as a
+    ``ConfigError``: the file's bytes and YAML, then every unknown or missing key, wrong type and
+    bad choice in the file and in the overrides (with ``sweeps_allowed``, a sweep's values one by one).
+    """
     known = paths.model_names()
     if model not in known:
         raise ConfigError(
-            f"conf/model/{model}.yaml: no such model config; pick one of: {', '.join(known)} "
-            "(or add the file)"
+            f"conf/model/{model}.yaml: no such model config; pick one of: {', '.join(known)}"
+            f"{shape.did_you_mean(model, known)} (or add the file)"
         )
+    source = model_source(model)
     try:
-        check_model_file(paths.conf_dir() / "model" / f"{model}.yaml", model_source(model))
-    except ConfigFileError as exc:
+        node = read_model_file(paths.conf_dir() / "model" / f"{model}.yaml", source)
+        parsed = shape.parse_overrides(overrides)
+    except (ConfigFileError, ValueError) as exc:
         raise ConfigError(str(exc)) from exc
+    findings = shape.check_model_document(node, source, shape.override_sets(parsed))
+    findings += shape.check_overrides(
+        parsed, shape.stage_names(node), _group_options(), sweeps_allowed=sweeps_allowed
+    )
+    if findings:
+        raise ConfigError(report(findings))
+
+
+def _group_options() -> dict[str, list[str]]:
+    return {
+        group: sorted(p.stem for p in (paths.conf_dir() / group).glob("*.yaml")) for group in shape.GROUPS
+    }
 
 
 def compose_config(model: str, overrides: Sequence[str] = ()) -> DictConfig:
     """Compose ``conf/config.yaml`` with ``model=<model>`` and the overrides, as Hydra would."""
-    check_model_name(model)
+    check_model_name(model, overrides)
     register_configs()
     hydra_state = GlobalHydra.instance()
     if hydra_state.is_initialized():
@@ -90,15 +111,41 @@ def _fix_hint(cause: BaseException) -> str:
 
 def model_plan(model: str, overrides: Sequence[str] = ()) -> ModelPlan:
     cfg = compose_config(model, overrides)
-    return plan_from_config(cfg, model)
+    return plan_from_config(cfg, model, overrides)
 
 
-def plan_from_config(cfg: DictConfig, file_stem: str | None = None) -> ModelPlan:
-    """The plan of a composed config; ``file_stem`` is the model config that was read."""
+def plan_from_config(
+    cfg: DictConfig, file_stem: str | None = None, overrides: Sequence[str] = ()
+) -> ModelPlan:
+    """The plan of a composed config; ``file_stem`` is the model config that was read.
+
+    A finding about a key an override set names that override.
+    """
     try:
         return plan_build(build_spec(cfg, file_stem))
     except SpecError as exc:
-        raise ConfigError(str(exc)) from exc
+        source = model_source(file_stem or str(cfg.model.get("name", "?")))
+        keys = [
+            (o.key_or_group.removeprefix("model."), o.input_line) for o in shape.parse_overrides(overrides)
+        ]
+        # An override's finding names the override; the file's own, its line and column.
+        findings = _with_positions(blame_overrides(exc.findings, keys, source), file_stem, source)
+        raise ConfigError(report(findings)) from exc
+
+
+def _with_positions(findings: list[Finding], file_stem: str | None, source: str) -> list[Finding]:
+    """The findings of the file read, each at the line and column of its key where the file has it."""
+    path = paths.conf_dir() / "model" / f"{file_stem}.yaml"
+    if file_stem is None or not path.is_file():
+        return findings
+    positions = shape.key_positions(read_model_file(path, source))
+    placed = []
+    for finding in findings:
+        if finding.where == source and finding.key in positions:
+            line, column = positions[finding.key]
+            finding = dataclasses.replace(finding, where=f"{source}:{line}:{column}")
+        placed.append(finding)
+    return placed
 
 
 def model_files(

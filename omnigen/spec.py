@@ -21,6 +21,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import MissingMandatoryValue
 
+from omnigen.findings import Finding, report
 from omnigen.schema import (
     DecodeBatch,
     Device,
@@ -38,14 +39,16 @@ _CONF_NAME = re.compile(r"[a-z][a-z0-9_]{0,63}")
 _TITLE = re.compile(r"[A-Za-z0-9][A-Za-z0-9 _.+()/-]{0,59}")
 # Stage names become module names inside the model's package, beside its own files.
 _RESERVED_STAGE_NAMES = frozenset({"plan"})
+# A pipeline has a handful of stages; an order beyond this is a typo.
+MAX_STAGE_ORDER = 99
 
 
 class SpecError(ValueError):
     """A config that composes but cannot hold together; lists every finding."""
 
-    def __init__(self, findings: list[str]):
+    def __init__(self, findings: list[Finding]):
         self.findings = findings
-        super().__init__("invalid omnigen config:\n" + "\n".join(f"  {f}" for f in findings))
+        super().__init__(report(findings))
 
 
 def is_identifier(text: str) -> bool:
@@ -174,10 +177,10 @@ def model_source(name: str) -> str:
 class _Findings:
     def __init__(self, source: str):
         self.source = source
-        self.items: list[str] = []
+        self.items: list[Finding] = []
 
     def add(self, key: str, problem: str) -> None:
-        self.items.append(f"{self.source}: {key}: {problem}")
+        self.items.append(Finding(self.source, key, problem))
 
 
 def build_spec(cfg: DictConfig, file_stem: str | None = None) -> BuildSpec:
@@ -293,6 +296,11 @@ def _model_spec(model: ModelConf, findings: _Findings, file_stem: str | None) ->
 
     orders: dict[int, str] = {}
     for stage_name, stage in sorted(model.stages.items(), key=lambda kv: (kv[1].order, kv[0])):
+        if not 0 <= stage.order <= MAX_STAGE_ORDER:
+            findings.add(
+                f"stages.{stage_name}.order",
+                f"{stage.order} is out of range; orders run from 0 to {MAX_STAGE_ORDER} (0 is the first stage)",
+            )
         if stage.order in orders:
             findings.add(
                 f"stages.{stage_name}.order",
@@ -322,8 +330,8 @@ def _stage_spec(model: ModelConf, name: str, stage: Any, *, is_last: bool, findi
     if not is_identifier(name) or name.startswith("_") or name in _RESERVED_STAGE_NAMES:
         add(
             key,
-            f"stage name {name!r} must be a Python identifier that does not start with an underscore "
-            f"and is not {', '.join(sorted(_RESERVED_STAGE_NAMES))} (it names a module beside the "
+            f"stage name {name!r} must be a Python identifier (at most 100 characters, not a keyword) "
+            f"that does not start with an underscore and is not {', '.join(sorted(_RESERVED_STAGE_NAMES))} (it names a module beside the "
             "package's own files); rename it (letters, digits, underscores)",
         )
     arch = stage.arch or model.arch

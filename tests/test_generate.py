@@ -150,7 +150,10 @@ def test_a_failed_build_leaves_the_tree_as_it_was(tmp_path):
         text=True,
     )
     assert result.returncode != 0
-    assert "conf/model/qwen3_tts.yaml: stages.code2wav.mtp.enabled" in result.stderr
+    assert (
+        "override 'model.stages.code2wav.mtp.enabled=true' (on conf/model/qwen3_tts.yaml): "
+        "stages.code2wav.mtp.enabled: a talker MTP runs after an autoregressive talker step"
+    ) in result.stderr
     assert before == {p: p.read_bytes() for p in out.rglob("*") if p.is_file()}
 
 
