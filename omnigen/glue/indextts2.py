@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-from .types import GlueError, NextStageInput, StageResult
+from .types import GlueError, NextStageInput, StageResult, owned_cpu
 
 STOP_MEL_TOKEN = 8193
 """The talker's end-of-mel code: everything from the first one on is not speech."""
@@ -21,8 +21,7 @@ NAME = "omnigen.glue.indextts2.talker2s2mel"
 
 
 def _cpu_copy(tensor: torch.Tensor) -> torch.Tensor:
-    # An owning copy: the producer may still hold (and reuse) the source tensor.
-    return tensor.detach().to("cpu", copy=True).contiguous()
+    return owned_cpu(tensor).contiguous()
 
 
 def _mel_sequence(codes: torch.Tensor) -> torch.Tensor:

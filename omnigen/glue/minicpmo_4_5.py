@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from .types import GlueError, NextStageInput, StageResult, finished_flag, flat_payload
+from .types import GlueError, NextStageInput, StageResult, finished_flag, flat_payload, owned_cpu
 
 # Fixed boundaries of the plain-chat TTS template (the tokenizer's ids; used when the llm
 # does not publish its special token ids).
@@ -252,7 +252,7 @@ def tts2code2wav(
     }
     audio: dict[str, Any] = {"audio": torch.tensor(output, dtype=torch.long)}
     if ref is not None:
-        audio["ref"] = torch.as_tensor(ref, dtype=torch.float32).reshape(-1)
+        audio["ref"] = owned_cpu(torch.as_tensor(ref, dtype=torch.float32).reshape(-1))
     payload = {
         "codes": audio,
         "meta": {key: value for key, value in meta.items() if value is not None},

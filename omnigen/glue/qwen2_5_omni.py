@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from .types import GlueError, NextStageInput, StageResult, finished_flag
+from .types import GlueError, NextStageInput, StageResult, finished_flag, owned_cpu
 
 # The talker's codec vocabulary: ids below PAD are codes; START/PAD/END frame the prompt.
 CODEC_PAD = 8292
@@ -54,7 +54,7 @@ def thinker2talker(source: StageResult, *, requires_multimodal_data: bool = Fals
     rows = max(0, len(prompt_ids) + len(source.output_token_ids) - stop)
     if rows == 0:
         raise GlueError(THINKER2TALKER, source.request_id, "no token to condition the talker on")
-    hidden = hidden.detach().cpu().to(torch.float32)
+    hidden = owned_cpu(hidden, torch.float32)
     if hidden.dim() >= 1 and hidden.shape[0] > rows:
         # More rows than positions the talker aligns with: keep the leading ones.
         hidden = hidden[:rows]

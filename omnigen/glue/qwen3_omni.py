@@ -21,6 +21,7 @@ from .types import (
     StageResult,
     finished_flag,
     first_tensor,
+    owned_cpu,
     prompt_list_entry,
     voice_from_payload,
 )
@@ -114,14 +115,14 @@ def thinker2talker(source: StageResult, *, accept_hidden_layer: int | None = Non
             f"(embedding rows {embeddings.shape[0]}, hidden rows {accepted.shape[0]})",
         )
 
-    embed: dict[str, Any] = {"prefill": embeddings.detach().cpu()}
+    embed: dict[str, Any] = {"prefill": owned_cpu(embeddings)}
     for name in ("tts_bos", "tts_eos", "tts_pad"):
         tensor = first_tensor(source.get(f"embed.{name}"))
         if tensor is not None:
             embed[name] = tensor
     payload: dict[str, Any] = {
         "embed": embed,
-        "hidden_states": {"output": accepted.detach().cpu()},
+        "hidden_states": {"output": owned_cpu(accepted)},
         "ids": {"all": list(all_ids), "prompt": list(source.prompt_token_ids)},
         "meta": {"finished": finished_flag()},
     }

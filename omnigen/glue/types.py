@@ -118,11 +118,18 @@ def flat_payload(payload: Mapping[str, Any]) -> dict[str, Any]:
     return flat
 
 
+def owned_cpu(tensor: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
+    """A CPU copy that shares no storage with the producer's payload, which the driver may
+    still hold (or hand to the client) while the consumer writes its own buffer."""
+    return tensor.detach().to("cpu", dtype=dtype, copy=True)
+
+
 def first_tensor(value: Any) -> torch.Tensor | None:
-    """A tensor, or the first element of a list of tensors (a latest-wins list payload), on CPU."""
+    """A tensor, or the first element of a list of tensors (a latest-wins list payload), as an
+    owned CPU copy."""
     if isinstance(value, list) and value and isinstance(value[0], torch.Tensor):
         value = value[0]
-    return value.detach().cpu() if isinstance(value, torch.Tensor) else None
+    return owned_cpu(value) if isinstance(value, torch.Tensor) else None
 
 
 def prompt_list_entry(user_prompt: Mapping[str, Any] | None, section: str, key: str) -> list[Any] | None:
