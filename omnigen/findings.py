@@ -19,7 +19,19 @@ class Finding:
     problem: str
 
     def __str__(self) -> str:
-        return f"{self.where}: {self.key}: {self.problem}" if self.key else f"{self.where}: {self.problem}"
+        text = (
+            f"{self.where}: {shown_key(self.key)}: {self.problem}"
+            if self.key
+            else f"{self.where}: {self.problem}"
+        )
+        # One finding is one line, whatever text of the config it quotes.
+        return " ".join(text.splitlines())
+
+
+def shown_key(key: str) -> str:
+    """A dotted key as written, or quoted with escapes where it holds space or control characters."""
+    plain = key.isprintable() and not any(ch.isspace() for ch in key)
+    return key if plain and "'" not in key else repr(key)
 
 
 def report(findings: Sequence[Finding]) -> str:
