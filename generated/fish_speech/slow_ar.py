@@ -156,6 +156,11 @@ class FishSpeechSlowArRunner(OmniRunnerBase, vllm_api.GPUModelRunner):
         self, rows: Any, keys: list[dict[str, Any]], input_ids: torch.Tensor, inputs_embeds: torch.Tensor
     ) -> None:
         """Each row through the model's hooks, in batch order (3.1-3.5)."""
+        # mtp.enabled: the MTP rows are gathered and written back by offset, so offsets out of
+        # bounds or shared by two rows fail before any hook runs (3.5).
+        phases.check_mtp_offsets(rows, int(input_ids.shape[0]))
+        # Every row's tokens lie within the step, or no hook runs (3.5).
+        phases.check_row_bounds(rows, int(input_ids.shape[0]))
         mtp_req_ids: list[str] = []
         mtp_offsets: list[int] = []
         mtp_ids: list[torch.Tensor] = []
@@ -168,12 +173,17 @@ class FishSpeechSlowArRunner(OmniRunnerBase, vllm_api.GPUModelRunner):
             infos.update(keys[row])
             start = int(rows.offsets[row])
             end = start + int(rows.spans[row])
-            ids_out, embeds_out, update = self.model.preprocess(
-                input_ids=input_ids[start:end], input_embeds=inputs_embeds[start:end], **infos
-            )
+            try:
+                out = self.model.preprocess(
+                    input_ids=input_ids[start:end], input_embeds=inputs_embeds[start:end], **infos
+                )
+            except Exception as exc:
+                phases.note_hook_failure(exc, "preprocess", [req_id])
+                raise
             mtp_width = self.last_talker_hidden.gpu.shape[1] if rows.single_decode[row] else None
-            phases.check_row_output(
-                req_id, end - start, inputs_embeds.shape[1], ids_out, embeds_out, update, mtp_width
+            # The result is checked (arity, count, width, dtype, types) before anything is written (3.5).
+            ids_out, embeds_out, update = phases.row_output(
+                req_id, out, end - start, inputs_embeds.shape[1], mtp_width
             )
             if rows.single_decode[row]:
                 # mtp.enabled: a single-token decode row feeds the talker MTP (3.2).

@@ -154,6 +154,11 @@ class OmnigenTinyTalkerRunner(OmniRunnerBase, vllm_api.GPUModelRunner):
         # preprocess.decode_batch=mtp: adjacent single-token decode rows share one hook call
         # that also returns their MTP inputs.
         segments = phases.segments(rows.single_decode)
+        # mtp.enabled: the MTP rows are gathered and written back by offset, so offsets out of
+        # bounds or shared by two rows fail before any hook runs (3.5).
+        phases.check_mtp_offsets(rows, int(input_ids.shape[0]))
+        # Every row's tokens lie within the step, or no hook runs (3.5).
+        phases.check_row_bounds(rows, int(input_ids.shape[0]))
         mtp_req_ids: list[str] = []
         mtp_offsets: list[int] = []
         mtp_ids: list[torch.Tensor] = []
@@ -168,11 +173,16 @@ class OmnigenTinyTalkerRunner(OmniRunnerBase, vllm_api.GPUModelRunner):
                 infos.update(keys[row])
                 start = int(rows.offsets[row])
                 end = start + int(rows.spans[row])
-                ids_out, embeds_out, update = self.model.preprocess(
-                    input_ids=input_ids[start:end], input_embeds=inputs_embeds[start:end], **infos
-                )
-                phases.check_row_output(
-                    req_id, end - start, inputs_embeds.shape[1], ids_out, embeds_out, update
+                try:
+                    out = self.model.preprocess(
+                        input_ids=input_ids[start:end], input_embeds=inputs_embeds[start:end], **infos
+                    )
+                except Exception as exc:
+                    phases.note_hook_failure(exc, "preprocess", [req_id])
+                    raise
+                # The result is checked (arity, count, width, dtype, types) before anything is written (3.5).
+                ids_out, embeds_out, update = phases.row_output(
+                    req_id, out, end - start, inputs_embeds.shape[1]
                 )
                 self._update_intermediate_buffer(req_id, update)
                 inputs_embeds[start:end] = embeds_out
@@ -183,10 +193,18 @@ class OmnigenTinyTalkerRunner(OmniRunnerBase, vllm_api.GPUModelRunner):
             infos = phases.stamp_batch(self, req_ids, keys[first:last])
             offsets = rows.offsets[first:last].tolist()
             index = torch.tensor(offsets, dtype=torch.long).to(input_ids.device, non_blocking=True)
-            ids_out, embeds_out, last_hidden, text_step, updates = self.model.preprocess_decode_batch(
-                input_ids=input_ids.index_select(0, index), req_infos=infos
+            try:
+                out = self.model.preprocess_decode_batch(
+                    input_ids=input_ids.index_select(0, index), req_infos=infos
+                )
+            except Exception as exc:
+                phases.note_hook_failure(exc, "preprocess_decode_batch", req_ids)
+                raise
+            # One id, embedding, MTP hidden pair and update per row, of the right widths and dtypes,
+            # before any write (3.5).
+            ids_out, embeds_out, last_hidden, text_step, updates = phases.batch_output(
+                req_ids, out, inputs_embeds.shape[1], self.last_talker_hidden.gpu.shape[1]
             )
-            phases.check_batch_outputs(last - first, ids_out, embeds_out, updates, "preprocess_decode_batch")
             inputs_embeds.index_copy_(0, index, embeds_out)
             input_ids.index_copy_(0, index, ids_out.reshape(-1).to(input_ids.dtype))
             mtp_ids.append(ids_out.reshape(-1))

@@ -15,6 +15,8 @@ import numpy as np
 import torch
 
 CONTIGUITY_ERROR = "Non-MTP batched decode preprocessing requires contiguous in-bounds token offsets"
+MTP_OFFSETS_ERROR = "Talker-MTP decode rows require distinct in-bounds token offsets"
+ROW_BOUNDS_ERROR = "Preprocessing requires every row's tokens within the step"
 
 
 @dataclass(frozen=True)
@@ -116,9 +118,58 @@ def check_contiguous_runs(phases: RowPhases, runs: list[tuple[int, int, bool]], 
             or not np.array_equal(offs, np.arange(first, first + (end - start)))
         ):
             raise RuntimeError(
-                f"{CONTIGUITY_ERROR}: rows {start}..{end - 1} have offsets {offs.tolist()} "
-                f"for {num_tokens} scheduled tokens"
+                f"{CONTIGUITY_ERROR}: rows {start}..{end - 1} (requests {', '.join(phases.req_ids[start:end])}) "
+                f"have offsets {offs.tolist()} for {num_tokens} scheduled tokens; "
+                "model.preprocess_decode_batch was not called"
             )
+
+
+def check_mtp_offsets(phases: RowPhases, num_tokens: int) -> None:
+    """Raise before any hook runs unless the step's talker-MTP rows (its single-token decode rows)
+    have distinct in-bounds offsets (3.5).
+
+    A decode batch gathers their ids and scatters their embeddings with ``index_select`` /
+    ``index_copy_``, and the MTP writes each row's embedding back at its offset: an offset past
+    the step reads and writes another step's slots, and two rows at one offset write the same slot
+    (which one wins is unspecified). One vector pass; the message is built only on failure.
+    """
+    offs = phases.offsets[phases.single_decode]
+    if offs.size == 0:
+        return
+    if offs.size == 1 or (offs[1:] > offs[:-1]).all():  # increasing: distinct, the bounds are the ends
+        if offs[0] >= 0 and offs[-1] < num_tokens:
+            return
+    elif offs.min() >= 0 and offs.max() < num_tokens and np.unique(offs).size == offs.size:
+        return
+    rows = np.flatnonzero(phases.single_decode)
+    values, counts = np.unique(offs, return_counts=True)
+    repeated = set(values[counts > 1].tolist())
+    bad = [
+        f"{phases.req_ids[row]} (row {row}) at {off}"
+        for row, off in zip(rows.tolist(), offs.tolist(), strict=True)
+        if off < 0 or off >= num_tokens or off in repeated
+    ]
+    raise RuntimeError(
+        f"{MTP_OFFSETS_ERROR}: {', '.join(bad)} for {num_tokens} scheduled tokens "
+        "(an offset out of bounds or shared by two rows); no hook was called"
+    )
+
+
+def check_row_bounds(phases: RowPhases, num_tokens: int) -> None:
+    """Raise before any hook runs unless every row's tokens ``offset .. offset + span`` lie within
+    the step's ``num_tokens`` (3.5): a row past the end would hand its hook a short slice, and a
+    negative offset another row's tokens. Two vector reductions; the message only on failure."""
+    ends = phases.offsets + phases.spans
+    if phases.offsets.min() >= 0 and ends.max() <= num_tokens:
+        return
+    bad = [
+        f"{phases.req_ids[row]} (row {row}) at {start}..{end}"
+        for row, (start, end) in enumerate(zip(phases.offsets.tolist(), ends.tolist(), strict=True))
+        if start < 0 or end > num_tokens
+    ]
+    raise RuntimeError(
+        f"{ROW_BOUNDS_ERROR}: {', '.join(bad)} for {num_tokens} scheduled tokens; no hook was called"
+    )
 
 
 _ABSENT = object()
@@ -144,20 +195,121 @@ def stamp_batch(
     ]
 
 
-def check_batch_outputs(num_rows: int, ids: Any, embeds: Any, updates: Any, hook: str) -> None:
-    """Raise before any buffer write unless a batch hook returned one result per row (3.5).
+_INTEGER_DTYPES = frozenset(
+    {torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64, torch.uint16, torch.uint32, torch.uint64}
+)
+BATCH_RESULT = {
+    3: "(ids, embeddings, updates)",
+    5: "(ids, embeddings, last_hidden, text_step, updates)",
+}
 
-    The step's ``StepJournal`` then puts the runner keys the batch stamped back as they were.
+
+def batch_output(
+    req_ids: list[str],
+    out: Any,
+    width: int,
+    mtp_width: int | None = None,
+    hook: str = "preprocess_decode_batch",
+) -> Any:
+    """A decode batch hook's result, unpackable as the template does, or a ``ValueError`` naming the
+    hook and the requests, raised before anything is written (3.5).
+
+    The plain hook returns ``(ids, embeddings, updates)``, the MTP one ``(ids, embeddings,
+    last_hidden, text_step, updates)`` (``mtp_width`` given): one integer id and one
+    ``width``-wide floating-point embedding row per request, one update (a dict or None) per
+    request, and ``(rows, mtp_width)`` floating-point MTP inputs. The common case is one pass of
+    attribute reads; the message is built only on failure. The step's ``StepJournal`` then puts
+    back the runner keys the batch stamped.
     """
-    got_ids = int(ids.numel()) if hasattr(ids, "numel") else len(ids)
-    got_embeds = int(embeds.shape[0]) if getattr(embeds, "ndim", 0) == 2 else 0
-    got_updates = len(updates)
-    if not got_ids == got_embeds == got_updates == num_rows:
-        raise ValueError(
-            f"batched decode preprocessing: model.{hook} returned {got_ids} ids, {got_embeds} "
-            f"embeddings and {got_updates} updates for {num_rows} rows; it must return exactly one "
-            "of each per row"
+    arity = 3 if mtp_width is None else 5
+    if not isinstance(out, tuple) or len(out) != arity:
+        got = (
+            f"a {type(out).__name__} of {len(out)}" if isinstance(out, (tuple, list)) else type(out).__name__
         )
+        raise ValueError(
+            f"{_batch_prefix(hook, req_ids)} returned {got}; expected a {arity}-tuple {BATCH_RESULT[arity]}"
+        )
+    ids, embeds, updates = out[0], out[1], out[-1]
+    n = len(req_ids)
+    if (
+        isinstance(ids, torch.Tensor)
+        and ids.numel() == n
+        and ids.dtype in _INTEGER_DTYPES
+        and isinstance(embeds, torch.Tensor)
+        and embeds.shape == (n, width)
+        and embeds.is_floating_point()
+        and isinstance(updates, (list, tuple))
+        and len(updates) == n
+        and _updates_ok(updates)
+        and (mtp_width is None or (_rows_ok(out[2], n, mtp_width) and _rows_ok(out[3], n, mtp_width)))
+    ):
+        return out
+    raise ValueError(_batch_problems(hook, req_ids, out, width, mtp_width))
+
+
+def _updates_ok(updates: Any) -> bool:
+    for update in updates:
+        if update is not None and not isinstance(update, dict):
+            return False
+    return True
+
+
+def _rows_ok(tensor: Any, rows: int, width: int) -> bool:
+    return isinstance(tensor, torch.Tensor) and tensor.shape == (rows, width) and tensor.is_floating_point()
+
+
+def _batch_prefix(hook: str, req_ids: list[str]) -> str:
+    return f"batched decode preprocessing: model.{hook} for requests {', '.join(req_ids)}"
+
+
+def _describe(value: Any) -> str:
+    if isinstance(value, torch.Tensor):
+        return f"{tuple(value.shape)} {value.dtype}"
+    return type(value).__name__
+
+
+def _batch_problems(hook: str, req_ids: list[str], out: Any, width: int, mtp_width: int | None) -> str:
+    """The message of a bad batch result: every problem found, each with the request it concerns."""
+    ids, embeds, updates = out[0], out[1], out[-1]
+    n = len(req_ids)
+    got_ids = int(ids.numel()) if isinstance(ids, torch.Tensor) else None
+    got_embeds = int(embeds.shape[0]) if isinstance(embeds, torch.Tensor) and embeds.ndim == 2 else None
+    got_updates = len(updates) if isinstance(updates, (list, tuple)) else None
+    problems = []
+    if not got_ids == got_embeds == got_updates == n:
+        counts = (
+            f"{_count(got_ids, ids)} ids, {_count(got_embeds, embeds)} embeddings and "
+            f"{_count(got_updates, updates)} updates"
+        )
+        problems.append(f"{counts} for {n} rows; it must return exactly one of each per row")
+    if isinstance(ids, torch.Tensor) and ids.dtype not in _INTEGER_DTYPES:
+        problems.append(f"ids of dtype {ids.dtype}, expected an integer dtype")
+    elif not isinstance(ids, torch.Tensor):
+        problems.append(f"ids of type {type(ids).__name__}, expected a tensor")
+    if not (isinstance(embeds, torch.Tensor) and embeds.ndim == 2 and embeds.shape[1] == width):
+        problems.append(f"embeddings {_describe(embeds)}, expected ({n}, {width})")
+    if isinstance(embeds, torch.Tensor) and not embeds.is_floating_point():
+        problems.append(f"embeddings of dtype {embeds.dtype}, expected floating point")
+    if isinstance(updates, (list, tuple)):
+        for req_id, update in zip(req_ids, updates, strict=False):
+            if update is not None and not isinstance(update, dict):
+                problems.append(
+                    f"request {req_id}'s update is a {type(update).__name__}, expected a dict or None"
+                )
+                break
+    else:
+        problems.append(
+            f"updates of type {type(updates).__name__}, expected a list of one dict (or None) per row"
+        )
+    if mtp_width is not None:
+        for name, tensor in (("last_hidden", out[2]), ("text_step", out[3])):
+            if not _rows_ok(tensor, n, mtp_width):
+                problems.append(f"{name} {_describe(tensor)}, expected ({n}, {mtp_width}) floating point")
+    return f"{_batch_prefix(hook, req_ids)} returned " + "; ".join(problems)
+
+
+def _count(got: int | None, value: Any) -> str:
+    return str(got) if got is not None else f"no ({_describe(value)})"
 
 
 # -- A step's preprocessing, all or nothing (issue 9) ---------------------------------------------
@@ -231,39 +383,81 @@ def _restore_buffer(saved: tuple[Any, ...]) -> None:
     buffer.update(entries)
 
 
+def note_hook_failure(exc: BaseException, hook: str, req_ids: list[str]) -> None:
+    """Name the hook and the requests on an exception a hook raised (a note: its type and message
+    stay the model's); the step's ``StepJournal`` then undoes the step."""
+    exc.add_note(
+        f"raised by model.{hook} for request{'s' if len(req_ids) != 1 else ''} {', '.join(req_ids)}; "
+        "the step's preprocessing was undone"
+    )
+
+
+ROW_RESULT = "(ids, embeddings, update)"
+
+
+def row_output(
+    req_id: str, out: Any, span: int, width: int, mtp_width: int | None = None, hook: str = "preprocess"
+) -> Any:
+    """A per-row hook's ``(ids, embeddings, update)``, checked by ``check_row_output``; a result of
+    another arity is a ``ValueError`` naming the request and the hook, not an unpacking error."""
+    if not isinstance(out, tuple) or len(out) != 3:
+        got = (
+            f"a {type(out).__name__} of {len(out)}" if isinstance(out, (tuple, list)) else type(out).__name__
+        )
+        raise ValueError(f"request {req_id}: model.{hook} returned {got}; expected a 3-tuple {ROW_RESULT}")
+    check_row_output(req_id, span, width, out[0], out[1], out[2], mtp_width, hook)
+    return out
+
+
 def check_row_output(
-    req_id: str, span: int, width: int, ids: Any, embeds: Any, update: Any, mtp_width: int | None = None
+    req_id: str,
+    span: int,
+    width: int,
+    ids: Any,
+    embeds: Any,
+    update: Any,
+    mtp_width: int | None = None,
+    hook: str = "preprocess",
 ) -> None:
     """Raise, naming the request, unless a per-row ``preprocess`` returned what the row needs:
-    ``span`` embedding rows of ``width`` (floating point), ids of the row's length (or None), an
-    update dict (or None), and, on an MTP row, ``mtp_inputs`` of two hidden vectors of
+    ``span`` embedding rows of ``width`` (floating point), ``span`` integer ids (or None, to keep
+    the scheduled ones; not on a talker-MTP row, whose ids feed the predictor), an update dict (or
+    None), and, on an MTP row, ``mtp_inputs`` of two floating-point hidden vectors of
     ``mtp_width``. The common case is a handful of attribute reads: this runs on every row."""
     embeds_ok = (
         isinstance(embeds, torch.Tensor) and embeds.shape == (span, width) and embeds.is_floating_point()
     )
-    ids_ok = ids is None or (isinstance(ids, torch.Tensor) and ids.numel() == span)
+    ids_ok = (
+        ids is None and mtp_width is None
+        if not isinstance(ids, torch.Tensor)
+        else ids.numel() == span and ids.dtype in _INTEGER_DTYPES
+    )
     update_ok = update is None or isinstance(update, dict)
     mtp_ok = mtp_width is None or _mtp_inputs_ok(update, mtp_width)
     if embeds_ok and ids_ok and update_ok and mtp_ok:
         return
     problems = []
     if not embeds_ok:
-        got = (
-            f"{tuple(embeds.shape)} {embeds.dtype}"
-            if isinstance(embeds, torch.Tensor)
-            else type(embeds).__name__
-        )
-        problems.append(f"embeddings {got}, expected ({span}, {width}) floating point")
+        problems.append(f"embeddings {_describe(embeds)}, expected ({span}, {width}) floating point")
     if not ids_ok:
-        got = f"{ids.numel()} ids" if isinstance(ids, torch.Tensor) else type(ids).__name__
-        problems.append(f"{got}, expected {span} ids (or None to keep the scheduled ones)")
+        if isinstance(ids, torch.Tensor):
+            got = f"{ids.numel()} ids of dtype {ids.dtype}"
+        else:
+            got = "None for the ids" if ids is None else f"ids of type {type(ids).__name__}"
+        keep = (
+            " (or None to keep the scheduled ones)"
+            if mtp_width is None
+            else " (a talker-MTP row's ids feed the MTP)"
+        )
+        problems.append(f"{got}, expected {span} integer ids{keep}")
     if not update_ok:
         problems.append(f"an update of type {type(update).__name__}, expected a dict")
     if not mtp_ok:
         problems.append(
-            f"no update['mtp_inputs'] of two {mtp_width}-wide hidden vectors on a talker-MTP decode row"
+            f"no update['mtp_inputs'] of two {mtp_width}-wide floating-point hidden vectors on a "
+            "talker-MTP decode row"
         )
-    raise ValueError(f"request {req_id}: model.preprocess returned " + "; ".join(problems))
+    raise ValueError(f"request {req_id}: model.{hook} returned " + "; ".join(problems))
 
 
 def _mtp_inputs_ok(update: Any, width: int) -> bool:
@@ -275,4 +469,6 @@ def _mtp_inputs_ok(update: Any, width: int) -> bool:
         and isinstance(pair[1], torch.Tensor)
         and pair[0].numel() == width
         and pair[1].numel() == width
+        and pair[0].is_floating_point()
+        and pair[1].is_floating_point()
     )

@@ -141,11 +141,29 @@ def test_generated_runners_and_phase_checks_use_explicit_raises():
         assert not asserts, f"{path}: assert at lines {asserts}"
 
 
+# The checks of optimized_check.FAULT_CHECKS (issue 9: hook results, MTP offsets, raising hooks).
+FAULT_MARKERS = (
+    "MTP_OFFSETS_RAISED",
+    "MTP_OFFSETS_OUT_OF_BOUNDS_RAISED",
+    "BATCH_ARITY_RAISED",
+    "BATCH_WIDTH_RAISED",
+    "BATCH_DTYPE_RAISED",
+    "BATCH_IDS_DTYPE_RAISED",
+    "BATCH_UPDATE_RAISED",
+    "BATCH_MTP_HIDDEN_RAISED",
+    "BATCH_RAISE_UNDONE",
+    "STEP_HOOK_RAISE_UNDONE",
+    "ROW_ARITY_RAISED",
+    "ROW_IDS_DTYPE_RAISED",
+    "ROW_MTP_INPUTS_RAISED",
+)
+
+
 def test_invalid_batches_raise_under_python_O(optimized_run):
     """3.5: the RuntimeError / ValueError hold under ``python -O`` (see optimized_check.py)."""
     code, out = optimized_run
     assert code == 0, out[-3000:]
-    for marker in ("OPTIMIZED", "CONTIGUITY_RAISED", "SHORT_OUTPUT_RAISED"):
+    for marker in ("OPTIMIZED", "CONTIGUITY_RAISED", "SHORT_OUTPUT_RAISED", *FAULT_MARKERS):
         assert marker in out, out[-3000:]
 
 
