@@ -1,0 +1,1 @@
+"""Serving whole pipelines on plain vLLM (issue 8)."""
