@@ -292,10 +292,10 @@ class ShmTransport:
             return []
         wanted = set(keys)
         with self._lock:
-            names = [name for name, key in self._created.items() if key in wanted]
-            for name in names:
+            items = [(name, key) for name, key in self._created.items() if key in wanted]
+            for name, _ in items:
                 del self._created[name]
-        return [key for name, key in names if _shm_unlink(name)]
+        return [key for name, key in items if _shm_unlink(name)]
 
     def outstanding(self) -> list[tuple[str, str]]:
         """``(key, segment name)`` of the segments this producer created and has not seen

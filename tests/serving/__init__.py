@@ -1,0 +1,1 @@
+"""Serving tests (issue 8): the transport between stages."""
