@@ -239,10 +239,12 @@ def test_shm_handles_naming_no_omnigen_segment_are_refused():
     shm.close()
 
 
-def test_shm_get_keeps_no_mapping_and_no_descriptor_open():
+@pytest.mark.parametrize("numel", [16, 64 * 1024], ids=["copied", "mapped"])
+def test_shm_get_keeps_no_mapping_and_no_descriptor_open(numel):
     shm = ShmTransport()
     try:
-        handle = shm.put("req-map", {"x": torch.randn(64, 1024)})
+        handle = shm.put("req-map", {"x": torch.randn(numel)})
+        assert (handle["size"] >= transport_mod._MAP_FROM) == (numel > 16)
         fds = len(os.listdir("/proc/self/fd"))
         shm.get(handle)
         assert len(os.listdir("/proc/self/fd")) == fds
