@@ -32,7 +32,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from omnigen.serving.transport import transport_for  # noqa: E402
+from omnigen.runtime.transport import transport_for  # noqa: E402
 
 UNITS = {"B": 1, "KiB": 1024, "KB": 1024, "MiB": 1024**2, "MB": 1024**2}
 

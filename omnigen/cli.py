@@ -4,6 +4,8 @@ omnigen build                          every model of conf/model into generated/
 omnigen build model=NAME [overrides]   one model (Hydra: overrides, --multirun, --cfg job, --help)
 omnigen check                          generated/ matches conf/ and templates/ (never writes)
 omnigen explain model=NAME [overrides] the model's stages and every decision with its reason
+omnigen run model=NAME [serve.*=...]   every stage in order on one prompt; writes the audio (WAV)
+omnigen serve model=NAME [serve.*=...] the whole pipeline behind an HTTP API (/v1/audio/speech)
 """
 
 from __future__ import annotations
@@ -33,6 +35,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return check_command(rest)
         if command == "explain":
             return explain_command(rest)
+        if command in ("run", "serve"):
+            return pipeline_command(command, rest)
     except pipeline.ConfigError as exc:
         print(f"omnigen {command}: {exc}", file=sys.stderr)
         return 2
@@ -175,6 +179,78 @@ def check_command(args: list[str]) -> int:
     return 1
 
 
+# -- run and serve ----------------------------------------------------------------------------------
+
+# Overrides that change the generated runners, which the pipeline composes again; the rest
+# (serve.*) only say how to run them.
+_RUNNER_OVERRIDES = ("model.", "+model.", "~model.", "device=", "graph=", "mtp_graph=")
+
+
+def pipeline_command(command: str, args: list[str]) -> int:
+    """``omnigen run`` / ``omnigen serve``: compose, check, start one engine per stage."""
+    import logging
+
+    from omnigen.serving.pipeline import Pipeline, PipelineError
+    from omnigen.serving.settings import SettingsError, prompt_of, read_settings, sampling_of
+
+    model, overrides = _split_model(args)
+    if model is None:
+        print(
+            f"omnigen {command}: say which model: omnigen {command} model=NAME [serve.KEY=VALUE ...]",
+            file=sys.stderr,
+        )
+        print(f"models: {', '.join(paths.model_names())}", file=sys.stderr)
+        return 2
+    cfg = pipeline.compose_config(model, overrides)
+    plan = pipeline.plan_from_config(cfg, model, overrides)
+    try:
+        settings = read_settings(cfg, plan)
+    except SettingsError as exc:
+        print(f"omnigen {command}: {exc}", file=sys.stderr)
+        return 2
+    if command == "serve" and settings.mode != "mp":
+        print(
+            "omnigen serve: serves requests concurrently with one engine per process: set serve.mode=mp",
+            file=sys.stderr,
+        )
+        return 2
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    runner_overrides = [o for o in overrides if o.startswith(_RUNNER_OVERRIDES)]
+    try:
+        pipe = Pipeline.from_model(
+            model,
+            settings.stage_models,
+            mode=settings.mode,
+            engine_kwargs=settings.engine_kwargs,
+            overrides=runner_overrides,
+        )
+    except ValueError as exc:
+        print(f"omnigen {command}: {exc}", file=sys.stderr)
+        return 2
+    with pipe:
+        if command == "serve":
+            from omnigen.serving.http import serve
+
+            serve(pipe, settings)
+            return 0
+        try:
+            prompt = prompt_of(settings, settings.prompt, settings.prompt_token_ids)
+            (out,) = pipe.generate([prompt], sampling_of(settings, plan, settings.seed))
+        except (PipelineError, SettingsError) as exc:
+            print(f"omnigen run: {exc}", file=sys.stderr)
+            return 1
+    for stage, text in out.text.items():
+        print(f"{stage}: {text}")
+    if out.audio is not None:
+        from omnigen.serving.audio import wav_bytes
+
+        Path(settings.output).write_bytes(wav_bytes(out.audio, settings.sample_rate))
+        seconds = out.audio.numel() / settings.sample_rate
+        print(f"omnigen run: wrote {settings.output} ({seconds:.3f} s of audio at {settings.sample_rate} Hz)")
+    print("per stage: " + ", ".join(f"{stage} {s:.3f} s" for stage, s in out.seconds.items()))
+    return 0
+
+
 # -- explain ----------------------------------------------------------------------------------------
 
 
@@ -207,8 +283,12 @@ def explain_text(plan: ModelPlan) -> str:
             [[str(i), s.stage, s.kind, s.runner_class, s.worker_class] for i, s in enumerate(plan.stages)],
         ),
         "",
-        "Serve each stage with its generated worker:",
+        "Stage graph (each edge: the glue function that makes the next request, the payload's transport):",
+        *_stage_graph(plan),
+        "",
+        "Serve each stage with its generated worker and omnigen's scheduler (the output channel, 8.1):",
         *[f"  {s.stage}: {s.serve_command}" for s in plan.stages],
+        f"Or the whole pipeline: omnigen run model={plan.name} ... / omnigen serve model={plan.name} ...",
         "",
         "Decisions:",
         _table(
@@ -229,6 +309,28 @@ def explain_text(plan: ModelPlan) -> str:
         "Clause legend: " + "; ".join(f"{k} {v}" for k, v in CLAUSES.items()),
     ]
     return "\n".join(out)
+
+
+def _stage_graph(plan: ModelPlan) -> list[str]:
+    lines = []
+    for stage, following in zip(plan.stages, plan.stages[1:], strict=False):
+        if stage.next_stage_input:
+            glue = stage.next_stage_input
+        elif following.input_function:
+            glue = f"{following.input_function} (the consumer's input_function)"
+        else:
+            lines.append(
+                f"  {stage.stage} -- (no glue: the next stage gets no request from it) -- {following.stage}"
+            )
+            continue
+        lines.append(f"  {stage.stage} --[{glue}, {stage.transport}]--> {following.stage}")
+    for stage in plan.stages[:-1]:
+        if stage.final_output != "none":
+            lines.append(f"  {stage.stage} --> caller ({stage.final_output}, besides feeding the next stage)")
+    last = plan.stages[-1]
+    published = "every key" if last.published_keys is None else ", ".join(last.published_keys) or "nothing"
+    lines.append(f"  {last.stage} --> caller ({last.final_output}; publishes {published})")
+    return lines
 
 
 def _value(value: object) -> str:

@@ -58,6 +58,8 @@ CLAUSES: dict[str, str] = {
     "7.7-batch-req-ids": "set_batch_req_ids after the forward",
     "7.7-logits-metadata": "compute_logits with sampling metadata",
     "7.8": "payloads in omnigen's and vllm-omni's serialized forms",
+    "8.1": "each step's published rows reach the scheduler; a finished request's payload in kv_transfer_params['omnigen']",
+    "8.2": "a producer's payload reaches the next stage's request inline or as a shared-memory handle",
 }
 
 
@@ -82,6 +84,11 @@ class MTPPlan:
     per_row_generators: str
     """``never``, ``always`` or ``eager_only`` (``eager_only`` with graph ``unsafe`` resolves to ``always``)."""
     sampling_defaults: dict[str, Any] | None
+
+
+SCHEDULER_CLS = "omnigen.runtime.scheduler.OmniScheduler"
+"""vLLM's ``scheduler_cls`` for every omnigen stage: vLLM's scheduler with the output channel
+(8.1). ``OmniAsyncScheduler`` beside it for asynchronous scheduling."""
 
 
 @dataclass(frozen=True)
@@ -133,6 +140,12 @@ class StagePlan:
     model_config_fields: tuple[tuple[str, Any], ...] = ()
     """``(name, value)`` pairs the worker sets on vLLM's ``model_config`` (7.5), sorted."""
     text_config_name: str | None = None
+    published_keys: tuple[str, ...] | None = ()
+    """The payload keys each step publishes (8.1); None: every key (a full-payload producer)."""
+    input_function: str | None = None
+    """The glue this stage applies to the previous stage's output (when that stage names none)."""
+    transport: str = "inline"
+    devices: str | None = None
     decisions: tuple[Decision, ...] = field(default=())
 
     @property
@@ -194,8 +207,12 @@ class StagePlan:
         }
 
     @property
+    def worker_cls(self) -> str:
+        return f"{self.module}.{self.worker_class}"
+
+    @property
     def serve_command(self) -> str:
-        return f"vllm serve MODEL_PATH --worker-cls {self.module}.{self.worker_class}"
+        return f"vllm serve MODEL_PATH --worker-cls {self.worker_cls} --scheduler-cls {SCHEDULER_CLS}"
 
 
 @dataclass(frozen=True)
@@ -261,11 +278,21 @@ def plan_build(build: BuildSpec) -> ModelPlan:
         source=model.source,
         async_chunk=model.async_chunk,
         device=build.device.value,
-        stages=tuple(_plan_stage(model, stage, build) for stage in model.stages),
+        stages=tuple(
+            _plan_stage(model, stage, build, feeds_input_function=_next_input_function(model, i) is not None)
+            for i, stage in enumerate(model.stages)
+        ),
     )
 
 
-def _plan_stage(model: ModelSpec, stage: StageSpec, build: BuildSpec) -> StagePlan:
+def _next_input_function(model: ModelSpec, index: int) -> str | None:
+    following = model.stages[index + 1] if index + 1 < len(model.stages) else None
+    return None if following is None else following.input_function
+
+
+def _plan_stage(
+    model: ModelSpec, stage: StageSpec, build: BuildSpec, *, feeds_input_function: bool
+) -> StagePlan:
     decisions: list[Decision] = []
     key = f"stages.{stage.name}"
 
@@ -398,6 +425,7 @@ def _plan_stage(model: ModelSpec, stage: StageSpec, build: BuildSpec) -> StagePl
         f"{key}.buffers.refresh_every_step",
     )
 
+    published = _decide_publishing(stage, accumulates, feeds_input_function, decide, key)
     _decide_step_outputs(stage, decide, key)
     model_config_fields = _decide_model_config(model, stage, decide, key)
 
@@ -445,6 +473,10 @@ def _plan_stage(model: ModelSpec, stage: StageSpec, build: BuildSpec) -> StagePl
         clauses.append("4.3")
     if accumulates:
         clauses.append("5.1")
+    if published is None or published:
+        clauses.append("8.1")
+    if producer:
+        clauses.append("8.2")
     if defers:
         clauses.append("5.3")
     ordered_clauses = tuple(c for c in CLAUSES if c in set(clauses))
@@ -496,8 +528,45 @@ def _plan_stage(model: ModelSpec, stage: StageSpec, build: BuildSpec) -> StagePl
         request_ids=stage.request_ids,
         model_config_fields=model_config_fields,
         text_config_name=stage.hf_config_name,
+        published_keys=published,
+        input_function=stage.input_function,
+        transport=stage.transport,
+        devices=stage.devices,
         decisions=tuple(decisions),
     )
+
+
+def _decide_publishing(
+    stage: StageSpec, accumulates: bool, feeds_input_function: bool, decide: Any, key: str
+) -> tuple[str, ...] | None:
+    """Which payload keys each step publishes to the scheduler (8.1), and how a producer's
+    payload travels to the next stage (8.2)."""
+    if accumulates:
+        published = None
+        reason = "a full-payload producer publishes every key: the next stage gets the whole payload"
+    elif feeds_input_function:
+        published = None
+        reason = "the next stage's input_function reads this stage's output: every key is published"
+    elif stage.publish:
+        published = tuple(stage.publish)
+        reason = "the keys the stage publishes to its caller"
+    elif stage.final_output.value != "none":
+        published = None
+        reason = f"final_output={stage.final_output.value} and no publish list: the caller gets every key of the stage's output (as vllm-omni's clients do)"
+    else:
+        published = ()
+        reason = "the stage publishes no payload (publish is empty)"
+    decide("published_keys", "all" if published is None else list(published), reason, f"{key}.publish")
+    if stage.producer:
+        decide(
+            "transport",
+            stage.transport,
+            "inline: the payload rides in the next request's SamplingParams.extra_args"
+            if stage.transport == "inline"
+            else "shm: the next request carries a shared-memory handle its consumer releases",
+            f"{key}.transport",
+        )
+    return published
 
 
 def _decide_step_outputs(stage: StageSpec, decide: Any, key: str) -> None:

@@ -200,6 +200,7 @@ def render_stage(plan: StagePlan, overrides: tuple[str, ...] = ()) -> str:
         gpu_keys_literal=_pyrepr(frozenset(plan.gpu_resident_keys)),
         graph_reason=_decision(plan, "mtp.graph") if plan.mtp else "",
         accumulate_reason=_decision(plan, "accumulates_full_payload"),
+        publish_reason=_decision(plan, "published_keys"),
         defer_reason=_decision(plan, "defers_full_payload_d2h"),
         device_doc=device_doc,
         forward_clauses=", ".join(c for c in plan.clauses if c in _FORWARD_CLAUSES),

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Dict, List, Optional
+from typing import Any, Dict, List, Optional
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
@@ -63,6 +63,27 @@ class Sampler(Enum):
 
     vllm = "vllm"
     model = "model"
+
+
+class Transport(Enum):
+    """How a producer's payload travels to the next stage's request."""
+
+    inline = "inline"
+    shm = "shm"
+
+
+class PipelineMode(Enum):
+    """Where a pipeline's engines run."""
+
+    mp = "mp"
+    inproc = "inproc"
+
+
+class PromptTokens(Enum):
+    """How a text prompt becomes the first stage's token ids."""
+
+    model = "model"
+    bytes = "bytes"
 
 
 class Device(Enum):
@@ -274,6 +295,26 @@ class StageConf:
     """The producer also sends a full payload when the request ends (unless async chunks
     are on); ignored when ``next_stage_input`` is null."""
 
+    input_function: Optional[str] = None
+    """Dotted path of the glue function this stage applies to the previous stage's finished
+    request, where the previous stage names none (vllm-omni's consumer-side input functions,
+    e.g. ``omnigen.glue.minicpmo_4_5.llm2tts``); the previous stage then publishes every key."""
+
+    transport: Transport = Transport.inline
+    """How this producer's payload reaches the next stage's request: ``inline`` (in its
+    ``SamplingParams.extra_args``) or ``shm`` (a shared-memory segment the consumer releases;
+    the request carries its handle). Ignored when ``next_stage_input`` is null."""
+
+    publish: List[str] = field(default_factory=list)
+    """Payload keys this stage publishes to its caller (``RequestOutput.kv_transfer_params
+    ["omnigen"]``, CONTRACT 8.1), e.g. ``[audio]``; a key names itself and the dotted keys under
+    it. Empty on a stage with a ``final_output``: every key. A producer also publishes everything
+    it accumulates for the next stage."""
+
+    devices: Optional[str] = None
+    """The devices of this stage's engine in a pipeline with one engine-core process per stage
+    (``CUDA_VISIBLE_DEVICES``, e.g. ``"0"`` or ``"1,2"``); null: the process's own."""
+
     preprocess: PreprocessConf = field(default_factory=PreprocessConf)
     """Model hooks that rewrite the step's inputs."""
 
@@ -328,6 +369,56 @@ class ModelConf:
 
 
 @dataclass
+class ServeConf:
+    """How ``omnigen run`` and ``omnigen serve`` run a model's whole pipeline (CONTRACT 8)."""
+
+    models: Dict[str, str] = field(default_factory=dict)
+    """Each stage's model: a checkpoint folder or hub name, or ``omnigen_tiny:VARIANT`` for
+    omnigen's tiny test models (written to a temporary folder)."""
+
+    mode: PipelineMode = PipelineMode.mp
+    """``mp``: one engine-core process per stage (``serve`` needs it); ``inproc``: every engine
+    in this process (``run`` on a small machine)."""
+
+    engine: Dict[str, Any] = field(default_factory=dict)
+    """vLLM engine arguments of every stage (``max_model_len``, ``dtype``, ...)."""
+
+    stage_engine: Dict[str, Dict[str, Any]] = field(default_factory=dict)
+    """Per stage, engine arguments that add to or replace ``engine``'s."""
+
+    tokenizer: PromptTokens = PromptTokens.model
+    """``model``: the first stage's tokenizer turns text into prompt ids; ``bytes``: each UTF-8
+    byte is a token id (offset by 10; for tokenizer-less test models)."""
+
+    max_tokens: int = 256
+    """The first autoregressive stages' token budget per request."""
+
+    temperature: float = 0.0
+    """Sampling temperature of the autoregressive stages."""
+
+    seed: Optional[int] = None
+    """A request's seed (also its code predictor's, ``tts_local_seed``); null: unseeded."""
+
+    sample_rate: int = 24000
+    """Samples per second of the final audio stage (the WAV header)."""
+
+    prompt: str = "Hello from omnigen."
+    """``omnigen run``'s text prompt."""
+
+    prompt_token_ids: Optional[List[int]] = None
+    """``omnigen run``'s prompt as token ids (instead of ``prompt``)."""
+
+    output: str = "omnigen.wav"
+    """Where ``omnigen run`` writes the audio."""
+
+    host: str = "127.0.0.1"
+    """``omnigen serve``'s address."""
+
+    port: int = 8000
+    """``omnigen serve``'s port."""
+
+
+@dataclass
 class OmniGenConfig:
     """The root config that ``omnigen build`` composes."""
 
@@ -344,6 +435,9 @@ class OmniGenConfig:
 
     out: Optional[str] = None
     """Output directory; null writes the package's ``generated/`` tree. Required with ``--multirun``."""
+
+    serve: ServeConf = field(default_factory=ServeConf)
+    """How ``omnigen run`` and ``omnigen serve`` run the pipeline; not read by ``build``."""
 
 
 def register_configs() -> None:
@@ -366,6 +460,7 @@ SCHEMA_CLASSES: tuple[type, ...] = (
     StageModelConfigConf,
     StageConf,
     ModelConf,
+    ServeConf,
     OmniGenConfig,
 )
 
@@ -376,6 +471,9 @@ ENUMS: tuple[type[Enum], ...] = (
     MTPGraph,
     PerRowGenerators,
     Sampler,
+    Transport,
+    PipelineMode,
+    PromptTokens,
     Device,
 )
 

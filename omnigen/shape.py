@@ -31,7 +31,7 @@ from omnigen.findings import Finding
 from omnigen.schema import ModelConf, OmniGenConfig
 
 # Config groups of conf/ and the root key each one sets (graph=NAME sets mtp_graph).
-GROUPS = ("model", "device", "graph")
+GROUPS = ("model", "device", "graph", "serve")
 
 
 # -- The model file -----------------------------------------------------------------------------

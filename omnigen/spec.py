@@ -39,6 +39,8 @@ _CONF_NAME = re.compile(r"[a-z][a-z0-9_]{0,63}")
 _TITLE = re.compile(r"[A-Za-z0-9][A-Za-z0-9 _.+()/-]{0,59}")
 # Stage names become module names inside the model's package, beside its own files.
 _RESERVED_STAGE_NAMES = frozenset({"plan"})
+# A stage's CUDA_VISIBLE_DEVICES: device indices, comma-separated.
+_DEVICES = re.compile(r"\d{1,3}(,\d{1,3}){0,63}")
 # A pipeline has a handful of stages; an order beyond this is a typo.
 MAX_STAGE_ORDER = 99
 
@@ -86,6 +88,10 @@ class StageSpec:
     final_output: FinalOutput
     next_stage_input: str | None
     full_payload: bool
+    transport: str
+    publish: tuple[str, ...]
+    input_function: str | None
+    devices: str | None
     preprocess_hook: bool
     batch_preprocess_hook: bool
     decode_batch: DecodeBatch
@@ -314,6 +320,7 @@ def _model_spec(model: ModelConf, findings: _Findings, file_stem: str | None) ->
         _stage_spec(model, stage_name, stage, is_last=(i == len(ordered) - 1), findings=findings)
         for i, (stage_name, stage) in enumerate(ordered)
     )
+    _check_edges(stages, findings)
     return ModelSpec(
         name=model.name,
         title=model.title,
@@ -340,16 +347,14 @@ def _stage_spec(model: ModelConf, name: str, stage: Any, *, is_last: bool, findi
     is_gen = stage.kind is StageKind.generation
 
     if stage.next_stage_input is not None:
-        if not is_dotted_path(stage.next_stage_input):
-            add(
-                f"{key}.next_stage_input",
-                f"{stage.next_stage_input!r} is not a dotted path; write package.module.function",
-            )
+        _check_glue_name(stage.next_stage_input, f"{key}.next_stage_input", add)
         if is_last:
             add(
                 f"{key}.next_stage_input",
                 "the last stage has no next stage to feed; set it to null or add the consuming stage",
             )
+
+    _check_serving_keys(stage, key, add)
 
     pre = stage.preprocess
     if pre.decode_batch is not DecodeBatch.none and not pre.hook:
@@ -475,6 +480,10 @@ def _stage_spec(model: ModelConf, name: str, stage: Any, *, is_last: bool, findi
         final_output=stage.final_output,
         next_stage_input=stage.next_stage_input,
         full_payload=stage.full_payload,
+        transport=stage.transport.value,
+        publish=tuple(stage.publish),
+        input_function=stage.input_function,
+        devices=stage.devices,
         preprocess_hook=pre.hook,
         batch_preprocess_hook=pre.batch_hook,
         decode_batch=pre.decode_batch,
@@ -509,6 +518,63 @@ def _stage_spec(model: ModelConf, name: str, stage: Any, *, is_last: bool, findi
         model_stage=deployment.model_stage,
         hf_config_name=deployment.hf_config_name,
     )
+
+
+def _check_edges(stages: tuple[StageSpec, ...], findings: _Findings) -> None:
+    """Each edge has at most one glue function: the producer's or the consumer's (CONTRACT 8.2)."""
+    if stages and stages[0].input_function is not None:
+        findings.add(
+            f"stages.{stages[0].name}.input_function",
+            "the first stage has no previous stage; its input is the caller's prompt: remove it",
+        )
+    for before, after in zip(stages, stages[1:], strict=False):
+        if before.next_stage_input is not None and after.input_function is not None:
+            findings.add(
+                f"stages.{after.name}.input_function",
+                f"stage {before.name!r} already names the edge's function (next_stage_input: "
+                f"{before.next_stage_input}); keep one of the two",
+            )
+
+
+def _check_glue_name(name: str, key: str, add: Any) -> None:
+    """A glue function's name: a dotted path, and not one of vllm-omni's (never imported)."""
+    if not is_dotted_path(name):
+        add(key, f"{name!r} is not a dotted path; write package.module.function")
+    elif name.startswith("vllm_omni."):
+        add(key, _vllm_omni_glue_problem(name))
+
+
+def _vllm_omni_glue_problem(name: str) -> str:
+    from omnigen.glue.registry import VLLM_OMNI_EQUIVALENTS
+
+    ours = [own for own, theirs in VLLM_OMNI_EQUIVALENTS.items() if name in theirs]
+    instead = f"use omnigen's port, {ours[0]}" if ours else "port it to omnigen/glue (see its README)"
+    return f"{name!r} is vllm-omni's; nothing omnigen runs imports vllm_omni: {instead}"
+
+
+def _check_serving_keys(stage: Any, key: str, add: Any) -> None:
+    """The keys of serving a pipeline (CONTRACT 8): published keys, transport, devices."""
+    for i, name in enumerate(stage.publish):
+        if not is_dotted_path(name):
+            add(
+                f"{key}.publish[{i}]",
+                f"{name!r} is not a payload key; write a dotted key such as audio or codes.audio",
+            )
+    if len(set(stage.publish)) != len(stage.publish):
+        add(f"{key}.publish", f"{list(stage.publish)} names a key twice; name each once")
+    if stage.transport.value != "inline" and stage.next_stage_input is None:
+        add(
+            f"{key}.transport",
+            f"{stage.transport.value}, but the stage feeds no next stage (next_stage_input is null); "
+            "remove it or set next_stage_input",
+        )
+    if stage.input_function is not None:
+        _check_glue_name(stage.input_function, f"{key}.input_function", add)
+    if stage.devices is not None and not _DEVICES.fullmatch(stage.devices):
+        add(
+            f"{key}.devices",
+            f'{stage.devices!r} is not a device list; write CUDA_VISIBLE_DEVICES form, e.g. "0" or "1,2"',
+        )
 
 
 def _check_real_model_keys(stage: Any, key: str, is_gen: bool, add: Any) -> None:

@@ -22,7 +22,7 @@ def _group_options(group: str) -> list[str]:
 
 def test_every_option_of_every_group_composes():
     groups = sorted(p.name for p in paths.conf_dir().iterdir() if p.is_dir())
-    assert groups == ["device", "graph", "model"]
+    assert groups == ["device", "graph", "model", "serve"]
     for model, device, graph in itertools.product(
         _group_options("model"), _group_options("device"), _group_options("graph")
     ):

@@ -4,8 +4,8 @@
 
 A generation stage that publishes audio. It has: output assembly by make_omni_output.
 
-Contract clauses (shared/docs/CONTRACT.md): 1.1, 1.1-omni-output, 1.3, 4.1, 4.2, 4.2-every-step, 4.4, 4.5, 5.2, 6, 7.2, 7.2-make-omni-output, 7.3, 7.5, 7.8.
-Serve: vllm serve MODEL_PATH --worker-cls omnigen.generated.fish_speech.dac_decoder.FishSpeechDacDecoderWorker
+Contract clauses (shared/docs/CONTRACT.md): 1.1, 1.1-omni-output, 1.3, 4.1, 4.2, 4.2-every-step, 4.4, 4.5, 5.2, 6, 7.2, 7.2-make-omni-output, 7.3, 7.5, 7.8, 8.1.
+Serve: vllm serve MODEL_PATH --worker-cls omnigen.generated.fish_speech.dac_decoder.FishSpeechDacDecoderWorker --scheduler-cls omnigen.runtime.scheduler.OmniScheduler
 """
 
 from __future__ import annotations
@@ -25,6 +25,8 @@ class FishSpeechDacDecoderRunner(OmniRunnerBase, vllm_api.GPUModelRunner):
 
     OMNI_MODEL = "fish_speech"
     OMNI_STAGE = "dac_decoder"
+    # Each step publishes every payload key to the scheduler (8.1): final_output=audio and no publish list: the caller gets every key of the stage's output (as vllm-omni's clients do).
+    PUBLISHED_KEYS = None
 
     def _model_forward(
         self,

@@ -4,8 +4,8 @@
 
 A generation stage that publishes audio.
 
-Contract clauses (shared/docs/CONTRACT.md): 1.1, 1.1-omni-output, 1.3, 4.1, 4.2, 4.2-every-step, 4.4, 4.5, 5.2, 6, 7.2, 7.3, 7.5, 7.8.
-Serve: vllm serve MODEL_PATH --worker-cls omnigen.generated.indextts2_5.s2mel_decoder.Indextts25S2melDecoderWorker
+Contract clauses (shared/docs/CONTRACT.md): 1.1, 1.1-omni-output, 1.3, 4.1, 4.2, 4.2-every-step, 4.4, 4.5, 5.2, 6, 7.2, 7.3, 7.5, 7.8, 8.1.
+Serve: vllm serve MODEL_PATH --worker-cls omnigen.generated.indextts2_5.s2mel_decoder.Indextts25S2melDecoderWorker --scheduler-cls omnigen.runtime.scheduler.OmniScheduler
 """
 
 from __future__ import annotations
@@ -25,6 +25,8 @@ class Indextts25S2melDecoderRunner(OmniRunnerBase, vllm_api.GPUModelRunner):
 
     OMNI_MODEL = "indextts2_5"
     OMNI_STAGE = "s2mel_decoder"
+    # Each step publishes every payload key to the scheduler (8.1): final_output=audio and no publish list: the caller gets every key of the stage's output (as vllm-omni's clients do).
+    PUBLISHED_KEYS = None
 
     def _model_forward(
         self,

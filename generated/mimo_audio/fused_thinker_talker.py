@@ -4,8 +4,8 @@
 
 An autoregressive stage that publishes text and feeds the next stage. It has: per-row preprocess hook.
 
-Contract clauses (shared/docs/CONTRACT.md): 1.1, 1.1-omni-output, 1.3, 3.1, 3.3, 3.6, 3.8, 4.1, 4.2, 4.2-every-step, 4.4, 4.5, 5.1, 5.2, 6, 7.2, 7.5, 7.8.
-Serve: vllm serve MODEL_PATH --worker-cls omnigen.generated.mimo_audio.fused_thinker_talker.MimoAudioFusedThinkerTalkerWorker
+Contract clauses (shared/docs/CONTRACT.md): 1.1, 1.1-omni-output, 1.3, 3.1, 3.3, 3.6, 3.8, 4.1, 4.2, 4.2-every-step, 4.4, 4.5, 5.1, 5.2, 6, 7.2, 7.5, 7.8, 8.1, 8.2.
+Serve: vllm serve MODEL_PATH --worker-cls omnigen.generated.mimo_audio.fused_thinker_talker.MimoAudioFusedThinkerTalkerWorker --scheduler-cls omnigen.runtime.scheduler.OmniScheduler
 """
 
 from __future__ import annotations
@@ -25,6 +25,8 @@ class MimoAudioFusedThinkerTalkerRunner(OmniRunnerBase, vllm_api.GPUModelRunner)
 
     OMNI_MODEL = "mimo_audio"
     OMNI_STAGE = "fused_thinker_talker"
+    # Each step publishes every payload key to the scheduler (8.1): a full-payload producer publishes every key: the next stage gets the whole payload.
+    PUBLISHED_KEYS = None
 
     def _model_forward(
         self,

@@ -4,8 +4,8 @@
 
 An autoregressive stage that publishes text. It has: the model's own sampler.
 
-Contract clauses (shared/docs/CONTRACT.md): 1.1, 1.1-omni-output, 1.3, 4.1, 4.2, 4.4, 4.5, 5.2, 6, 7.2, 7.4, 7.5, 7.8.
-Serve: vllm serve MODEL_PATH --worker-cls omnigen.generated.minicpmo_4_5.llm.Minicpmo45LlmWorker
+Contract clauses (shared/docs/CONTRACT.md): 1.1, 1.1-omni-output, 1.3, 4.1, 4.2, 4.4, 4.5, 5.2, 6, 7.2, 7.4, 7.5, 7.8, 8.1.
+Serve: vllm serve MODEL_PATH --worker-cls omnigen.generated.minicpmo_4_5.llm.Minicpmo45LlmWorker --scheduler-cls omnigen.runtime.scheduler.OmniScheduler
 """
 
 from __future__ import annotations
@@ -25,6 +25,8 @@ class Minicpmo45LlmRunner(OmniRunnerBase, vllm_api.GPUModelRunner):
 
     OMNI_MODEL = "minicpmo_4_5"
     OMNI_STAGE = "llm"
+    # Each step publishes every payload key to the scheduler (8.1): the next stage's input_function reads this stage's output: every key is published.
+    PUBLISHED_KEYS = None
 
     def _model_forward(
         self,

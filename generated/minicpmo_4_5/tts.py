@@ -4,8 +4,8 @@
 
 An autoregressive stage that feeds the next stage. It has: per-row preprocess hook; output assembly by make_omni_output; the model's own sampler.
 
-Contract clauses (shared/docs/CONTRACT.md): 1.1, 1.1-omni-output, 1.3, 3.1, 3.3, 3.6, 4.1, 4.2, 4.2-every-step, 4.4, 4.5, 5.1, 5.2, 6, 7.2, 7.2-make-omni-output, 7.3-finished, 7.4, 7.5, 7.5-text-config, 7.8.
-Serve: vllm serve MODEL_PATH --worker-cls omnigen.generated.minicpmo_4_5.tts.Minicpmo45TtsWorker
+Contract clauses (shared/docs/CONTRACT.md): 1.1, 1.1-omni-output, 1.3, 3.1, 3.3, 3.6, 4.1, 4.2, 4.2-every-step, 4.4, 4.5, 5.1, 5.2, 6, 7.2, 7.2-make-omni-output, 7.3-finished, 7.4, 7.5, 7.5-text-config, 7.8, 8.1, 8.2.
+Serve: vllm serve MODEL_PATH --worker-cls omnigen.generated.minicpmo_4_5.tts.Minicpmo45TtsWorker --scheduler-cls omnigen.runtime.scheduler.OmniScheduler
 """
 
 from __future__ import annotations
@@ -27,6 +27,8 @@ class Minicpmo45TtsRunner(OmniRunnerBase, vllm_api.GPUModelRunner):
     OMNI_STAGE = "tts"
     # buffers.gpu_resident: these buffer keys keep their tensors on the device.
     GPU_RESIDENT_KEYS = frozenset({("codes", "audio")})
+    # Each step publishes every payload key to the scheduler (8.1): a full-payload producer publishes every key: the next stage gets the whole payload.
+    PUBLISHED_KEYS = None
 
     def _model_forward(
         self,

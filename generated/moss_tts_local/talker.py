@@ -4,8 +4,8 @@
 
 An autoregressive stage. It has: per-row preprocess hook; batched decode preprocessing (mtp); talker MTP (graph safe, per-row generators never); post-forward hook; output assembly by make_omni_output.
 
-Contract clauses (shared/docs/CONTRACT.md): 1.1, 1.1-omni-output, 1.3, 2.1, 2.2, 2.3, 3.1, 3.2, 3.3, 3.3-batch-mtp, 3.4, 3.5, 3.6, 4.1, 4.2, 4.2-every-step, 4.4, 4.5, 5.2, 6, 7.1, 7.2, 7.2-make-omni-output, 7.5, 7.7-logits-metadata, 7.8.
-Serve: vllm serve MODEL_PATH --worker-cls omnigen.generated.moss_tts_local.talker.MossTtsLocalTalkerWorker
+Contract clauses (shared/docs/CONTRACT.md): 1.1, 1.1-omni-output, 1.3, 2.1, 2.2, 2.3, 3.1, 3.2, 3.3, 3.3-batch-mtp, 3.4, 3.5, 3.6, 4.1, 4.2, 4.2-every-step, 4.4, 4.5, 5.2, 6, 7.1, 7.2, 7.2-make-omni-output, 7.5, 7.7-logits-metadata, 7.8, 8.1.
+Serve: vllm serve MODEL_PATH --worker-cls omnigen.generated.moss_tts_local.talker.MossTtsLocalTalkerWorker --scheduler-cls omnigen.runtime.scheduler.OmniScheduler
 """
 
 from __future__ import annotations
@@ -30,6 +30,8 @@ class MossTtsLocalTalkerRunner(OmniRunnerBase, vllm_api.GPUModelRunner):
     GPU_RESIDENT_KEYS = frozenset(
         {("audio_codes", "accumulated"), ("audio_codes", "current"), ("hidden_states", "last")}
     )
+    # Each step publishes every payload key to the scheduler (8.1): the next stage's input_function reads this stage's output: every key is published.
+    PUBLISHED_KEYS = None
     # mtp.output_key: where the predicted codes land in a request's buffer.
     MTP_OUTPUT_KEY = ("audio_codes", "current")
     # mtp.sampling: no stage defaults.

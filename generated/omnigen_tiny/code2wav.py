@@ -4,8 +4,8 @@
 
 A generation stage that publishes audio.
 
-Contract clauses (shared/docs/CONTRACT.md): 1.1, 1.1-omni-output, 1.3, 4.1, 4.2, 4.2-every-step, 4.4, 4.5, 5.2, 6, 7.2, 7.3, 7.5, 7.8.
-Serve: vllm serve MODEL_PATH --worker-cls omnigen.generated.omnigen_tiny.code2wav.OmnigenTinyCode2wavWorker
+Contract clauses (shared/docs/CONTRACT.md): 1.1, 1.1-omni-output, 1.3, 4.1, 4.2, 4.2-every-step, 4.4, 4.5, 5.2, 6, 7.2, 7.3, 7.5, 7.8, 8.1.
+Serve: vllm serve MODEL_PATH --worker-cls omnigen.generated.omnigen_tiny.code2wav.OmnigenTinyCode2wavWorker --scheduler-cls omnigen.runtime.scheduler.OmniScheduler
 """
 
 from __future__ import annotations
@@ -25,6 +25,8 @@ class OmnigenTinyCode2wavRunner(OmniRunnerBase, vllm_api.GPUModelRunner):
 
     OMNI_MODEL = "omnigen_tiny"
     OMNI_STAGE = "code2wav"
+    # Each step publishes these payload keys to the scheduler (8.1): the keys the stage publishes to its caller.
+    PUBLISHED_KEYS = frozenset(["audio"])
 
     def _model_forward(
         self,

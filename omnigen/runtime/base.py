@@ -14,7 +14,7 @@ from typing import Any, ClassVar
 
 import torch
 
-from omnigen.runtime import buffers, payloads, step_outputs
+from omnigen.runtime import buffers, payloads, step_outputs, transport
 from omnigen.runtime.outputs import OmniOutput, as_omni_output, restore_flattened_omni_output
 from omnigen.runtime.serialization import deserialize_additional_information, inline_payload
 
@@ -24,6 +24,10 @@ class OmniRunnerBase:
     OMNI_STAGE: ClassVar[str] = ""
     GPU_RESIDENT_KEYS: ClassVar[frozenset[tuple[str, str]]] = frozenset()
     """``(type, qualifier)`` buffer keys whose tensors stay on the device (``buffers.gpu_resident``)."""
+    PUBLISHED_KEYS: ClassVar[frozenset[str] | None] = frozenset()
+    """The payload keys each step publishes to the scheduler (8.1): a key names itself and the
+    dotted keys under it; ``None`` publishes every key (a producer feeding the next stage).
+    Set by the generated class from ``publish``."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -169,9 +173,26 @@ class OmniRunnerBase:
         """vLLM's sampling, then what this stage does with the step's outputs (7.1, 7.2)."""
         output = super().sample_tokens(grammar_output)  # type: ignore[misc]
         step, self._omni_step = self.__dict__.get("_omni_step"), None
-        if step is not None:
-            self._finish_step(step)
-        return output
+        if step is None:
+            return output
+        self._finish_step(step)
+        from omnigen.runtime import vllm_api
+
+        return vllm_api.attach_step_payloads(output, self.published_step_payloads())
+
+    def published_step_payloads(self) -> dict[str, dict[str, Any]]:
+        """The rows of this step's payloads that the stage publishes, per request (8.1)."""
+        keys = self.PUBLISHED_KEYS
+        if keys is None:
+            return {req_id: payload for req_id, payload in self.omni_step_payloads.items() if payload}
+        if not keys:
+            return {}
+        published = {}
+        for req_id, payload in self.omni_step_payloads.items():
+            rows = {key: value for key, value in payload.items() if _is_published(key, keys)}
+            if rows:
+                published[req_id] = rows
+        return published
 
     def _finish_step(self, step: step_outputs.StepSnapshot) -> None:
         """After sampling: post-forward hooks and the step's per-request payloads (generated)."""
@@ -260,6 +281,10 @@ class _TextHiddenStates:
         return getattr(self._model, name)
 
 
+def _is_published(key: str, keys: frozenset[str]) -> bool:
+    return key in keys or any(key.startswith(f"{name}.") for name in keys)
+
+
 def new_request_payloads(new_req: Any) -> list[dict[str, Any]]:
     """A new request's payloads in merge order: its buffer dict, its decoded infos, then the
     payload it carries inline in ``SamplingParams.extra_args`` (plain vLLM's only field for it)."""
@@ -270,10 +295,21 @@ def new_request_payloads(new_req: Any) -> list[dict[str, Any]]:
     decoded = deserialize_additional_information(getattr(new_req, "additional_information", None))
     if decoded:
         found.append(decoded)
-    inline = deserialize_additional_information(inline_payload(getattr(new_req, "sampling_params", None)))
+    carried = inline_payload(getattr(new_req, "sampling_params", None))
+    inline = (
+        _received(carried) if transport.is_handle(carried) else deserialize_additional_information(carried)
+    )
     if inline:
         found.append(inline)
     return found
+
+
+def _received(handle: dict[str, Any]) -> dict[str, Any]:
+    """The payload a transport handle points at, released once read: this stage is its consumer (8.2)."""
+    reader = transport.transport_for_handle(handle)
+    payload = reader.get(handle)
+    reader.release(handle)
+    return payload
 
 
 def cached_request_payloads(scheduler_output: Any) -> list[tuple[str, dict[str, Any]]]:

@@ -86,6 +86,25 @@ def deserialize_additional_information(payload: Any) -> dict[str, Any]:
     )
 
 
+def payload_to_text(payload: dict[str, Any]) -> str:
+    """``payload`` as ASCII text (base64 of the msgpack envelope): safe in JSON and msgpack alike,
+    so it passes ``vllm serve``'s JSON responses as well as vLLM's own process boundary."""
+    import base64
+
+    import msgspec
+
+    return base64.b64encode(msgspec.msgpack.encode(serialize_additional_information(payload))).decode("ascii")
+
+
+def payload_from_text(text: str) -> dict[str, Any]:
+    """The payload of ``payload_to_text``."""
+    import base64
+
+    import msgspec
+
+    return deserialize_additional_information(msgspec.msgpack.decode(base64.b64decode(text, validate=True)))
+
+
 INLINE_PAYLOAD_KEY = "omnigen_payload"
 """``SamplingParams.extra_args`` key of a request's inline payload (serialized by
 ``serialize_additional_information``, or vllm-omni's wire form): plain vLLM's request has no

@@ -16,7 +16,7 @@ from vllm.config import CUDAGraphMode
 from vllm.forward_context import set_forward_context
 from vllm.sequence import IntermediateTensors
 from vllm.utils.import_utils import resolve_obj_by_qualname
-from vllm.v1.outputs import ModelRunnerOutput
+from vllm.v1.outputs import EMPTY_MODEL_RUNNER_OUTPUT, ModelRunnerOutput
 from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 
 __all__ = [
@@ -24,12 +24,15 @@ __all__ = [
     "GENERATION_DONE_TOKEN",
     "GPUModelRunner",
     "IntermediateTensors",
+    "STEP_PAYLOADS_ATTR",
     "apply_stage_model_config",
+    "attach_step_payloads",
     "compute_logits_with_sampling_metadata",
     "full_graph_wrapper_cls",
     "generation_step_output",
     "is_full_graph_wrapped",
     "set_forward_context",
+    "step_payloads_of",
 ]
 
 
@@ -117,6 +120,37 @@ GENERATION_DONE_TOKEN = 0
 scheduler then finishes a request sent with ``max_tokens=1`` (nothing is sampled)."""
 
 
+# -- The output channel (CONTRACT 8.1) --------------------------------------------------------
+
+STEP_PAYLOADS_ATTR = "omnigen_step_payloads"
+"""The attribute of a step's ``ModelRunnerOutput`` that carries ``{req_id: {dotted key: host
+tensor}}``, the rows the stage publishes this step. ``ModelRunnerOutput`` is a plain dataclass:
+vLLM pickles it whole from the worker process to the engine core, so the attribute arrives."""
+
+
+def attach_step_payloads(output: Any, rows: Mapping[str, Mapping[str, Any]] | None) -> Any:
+    """``output`` carrying this step's published rows for the scheduler (``OmniScheduler``).
+
+    An ``AsyncGPUModelRunnerOutput`` hands the scheduler its inner output (``get_output``), so
+    the rows go there. vLLM's shared ``EMPTY_MODEL_RUNNER_OUTPUT`` is never written to: a copy
+    carries them instead.
+    """
+    if not rows or output is None:
+        return output
+    target = getattr(output, "_model_runner_output", output)
+    if target is EMPTY_MODEL_RUNNER_OUTPUT:
+        target = dataclasses.replace(target)
+        if target is not output:
+            output = target
+    setattr(target, STEP_PAYLOADS_ATTR, dict(rows))
+    return output
+
+
+def step_payloads_of(model_runner_output: Any) -> Mapping[str, Mapping[str, Any]]:
+    """The rows a step's output carries (``{}`` when the stage published nothing)."""
+    return getattr(model_runner_output, STEP_PAYLOADS_ATTR, None) or {}
+
+
 def generation_step_output(runner: Any, scheduler_output: Any, kv_connector_output: Any) -> ModelRunnerOutput:
     """vLLM's step output for a generation stage: no sampling, ``GENERATION_DONE_TOKEN`` for each
     request whose inputs are all in after this step, nothing for one still being chunked in."""
@@ -127,12 +161,13 @@ def generation_step_output(runner: Any, scheduler_output: Any, kv_connector_outp
         state = runner.requests[req_id]
         done = state.num_computed_tokens + scheduled.get(req_id, 0) >= state.num_prompt_tokens
         sampled.append([GENERATION_DONE_TOKEN] if done else [])
-    return ModelRunnerOutput(
+    output = ModelRunnerOutput(
         req_ids=req_ids,
         req_id_to_index={req_id: index for index, req_id in enumerate(req_ids)},
         sampled_token_ids=sampled,
         kv_connector_output=kv_connector_output,
     )
+    return attach_step_payloads(output, runner.published_step_payloads())
 
 
 # -- The model's own sampler (CONTRACT 7.4) ----------------------------------------------------

@@ -79,6 +79,17 @@ class _OmniWorker:
         with _module_attr(module_name, attr, self.built_runner_class()):
             super().init_device()  # type: ignore[misc]
 
+    def omni_request_state(self) -> dict[str, list[str]]:
+        """The per-request state the runner holds, by request id; for ``collective_rpc`` by name
+        (across processes vLLM calls a worker method by its name only)."""
+        runner = self.model_runner  # type: ignore[attr-defined]
+        return {
+            "requests": sorted(runner.requests),
+            "buffers": sorted(runner.model_intermediate_buffer),
+            "generators": sorted(runner._talker_mtp_generators),
+            "pending": sorted(runner._pending_full_payload_send),
+        }
+
 
 class OmniGPUWorker(_OmniWorker, Worker):
     """vLLM's GPU worker building the generated runner."""

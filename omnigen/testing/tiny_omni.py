@@ -17,8 +17,8 @@ Two architectures, registered out of tree by :func:`omnigen.plugin.register` (th
   payload into the code2wav prompt.
 * ``OmnigenTinyCode2Wav`` (:class:`OmnigenTinyCode2Wav`): a generation stage. The
   prompt is a sequence of codec codes; every forward turns each scheduled code
-  into ``hop_length`` audio samples (``multimodal_outputs["audio"]``, one row per
-  token). Run it with ``max_tokens=1``: the prompt (chunked or not) is the work,
+  into ``hop_length`` audio samples (``multimodal_outputs["audio"]``: one entry per
+  request, as the real code2wav classes return it, of one row per scheduled code). Run it with ``max_tokens=1``: the prompt (chunked or not) is the work,
   the one sampled token is only what lets vLLM's scheduler finish the request.
 
 Which hooks exist and which variant they follow is read from the HF config that
@@ -303,6 +303,8 @@ class OmniRecord:
         self.request_ids: list[str] = []
         self.codes: dict[str, list[list[int]]] = {}
         """Talker: the codes the forward emitted per request, one frame per decode step."""
+        self.payload_tokens_checked = 0
+        """Code2wav: scheduled tokens checked against the codes the request's payload carried."""
 
     def _see(self, req_ids: Iterable[Any]) -> None:
         for rid in req_ids:
@@ -418,6 +420,7 @@ class OmniRecord:
                 "errors": self.errors,
                 "request_ids": self.request_ids,
                 "codes": self.codes,
+                "payload_tokens_checked": self.payload_tokens_checked,
                 "pending_hook_calls": [c for c in self.hook_calls if c["step"] == self.step],
             }
         )
@@ -822,6 +825,35 @@ class OmnigenTinyCode2Wav(_TinyLlamaStage):
         **kwargs: Any,
     ) -> OmniOutput:
         hidden = self._trunk(input_ids, positions, intermediate_tensors, inputs_embeds)
+        self._check_payload_codes(input_ids, positions, kwargs)
         # Dummy weights are ~1e-3: scale so the samples are not all ~0.
         audio = torch.tanh(1e3 * self.vocoder(hidden))
-        return self._finish_forward(hidden, input_ids, positions, inputs_embeds, kwargs, {"audio": audio})
+        output = self._finish_forward(hidden, input_ids, positions, inputs_embeds, kwargs, {"audio": audio})
+        counts = kwargs.get("seq_token_counts")
+        if counts:
+            # Like the real code2wav classes (CONTRACT 7.3): one entry per request, its own rows.
+            output = output._replace(multimodal_outputs={"audio": list(torch.split(audio, list(counts)))})
+        return output
+
+    def _check_payload_codes(
+        self, input_ids: torch.Tensor | None, positions: torch.Tensor, kwargs: dict[str, Any]
+    ) -> None:
+        """Like a real code2wav reading its codes from the request's buffer (CONTRACT 4.2): where a
+        request's payload carried ``codes.audio``, each scheduled token must be that code."""
+        buffers = kwargs.get("model_intermediate_buffer")
+        counts = kwargs.get("seq_token_counts")
+        if input_ids is None or not isinstance(buffers, (list, tuple)) or not counts:
+            return
+        tokens, places = input_ids.reshape(-1).tolist(), positions.reshape(-1).tolist()
+        start = 0
+        for buffer, count in zip(buffers, counts, strict=False):
+            codes = (buffer.get("codes") or {}).get("audio") if isinstance(buffer, dict) else None
+            if isinstance(codes, torch.Tensor):
+                expected = talker_to_code2wav({"codes.audio": codes})
+                for token, place in zip(
+                    tokens[start : start + count], places[start : start + count], strict=True
+                ):
+                    if place >= len(expected) or expected[place] != token:
+                        self.omni_record.error(f"token {token} at {place} is not the payload's code")
+                self.omni_record.payload_tokens_checked += count
+            start += count

@@ -1,4 +1,4 @@
-"""omnigen.serving.transport: round trips, handles, release, errors, and shared memory across
+"""omnigen.runtime.transport: round trips, handles, release, errors, and shared memory across
 processes (no segment left, nothing said by Python's resource_tracker)."""
 
 from __future__ import annotations
@@ -15,9 +15,9 @@ import msgspec
 import pytest
 import torch
 
+from omnigen.runtime import transport as transport_mod
 from omnigen.runtime.serialization import serialize_additional_information
-from omnigen.serving import transport as transport_mod
-from omnigen.serving.transport import (
+from omnigen.runtime.transport import (
     HANDLE_VERSION,
     TRANSPORT_KEY,
     InlineTransport,
@@ -313,7 +313,7 @@ _WORKER = textwrap.dedent(
     r"""
     import os, sys
     import msgspec, torch
-    from omnigen.serving.transport import ShmTransport
+    from omnigen.runtime.transport import ShmTransport
 
     N, CONSUMED, PEEKED = 200, 150, 10
 

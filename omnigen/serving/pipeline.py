@@ -1,0 +1,440 @@
+"""A whole model's pipeline on plain vLLM: one engine per stage, glue and transport between them.
+
+``Pipeline.from_model`` builds it from a model's plan: each stage's generated ``worker_cls``,
+omnigen's ``scheduler_cls`` (the output channel, CONTRACT 8.1), the glue function its producer
+names (``next_stage_input``, from ``omnigen.glue``) and the transport of each edge (8.2). Two
+modes:
+
+- ``inproc``: one ``vllm.LLM`` per stage in this process (engine core in process). Requests
+  run stage by stage in batches. For CPU tests and offline runs.
+- ``mp``: one ``AsyncLLM`` per stage, each with its engine core in a process of its own,
+  started with the stage's ``devices`` as ``CUDA_VISIBLE_DEVICES``. Each request is a task
+  that awaits stage k and submits to stage k+1, so stages overlap across requests and each
+  engine batches continuously. An abort reaches every stage. What real multi-GPU hosts use.
+
+A request's payload goes from stage to stage through the transport (a handle in the next
+request's ``SamplingParams.extra_args``); the consumer's runner reads and releases it. A stage's
+published payload comes back in ``RequestOutput.kv_transfer_params["omnigen"]``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import logging
+import os
+import threading
+import time
+import uuid
+from collections.abc import Coroutine, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+from omnigen import api
+from omnigen.glue.registry import resolve as resolve_glue
+from omnigen.glue.types import GlueError, NextStageInput, StageResult
+from omnigen.plan import SCHEDULER_CLS, ModelPlan, StagePlan
+from omnigen.runtime import transport as transports
+from omnigen.runtime.serialization import INLINE_PAYLOAD_KEY
+from omnigen.serving.client import stage_payload
+
+log = logging.getLogger("omnigen.serving")
+
+MODES = ("inproc", "mp")
+T = TypeVar("T")
+
+
+class PipelineError(RuntimeError):
+    """A stage or a glue function failed a request; the message names both."""
+
+
+@dataclass
+class PipelineOutput:
+    """One request through every stage."""
+
+    request_id: str
+    text: dict[str, str] = field(default_factory=dict)
+    """What each stage with ``final_output: text`` wrote."""
+    token_ids: dict[str, list[int]] = field(default_factory=dict)
+    """Each stage's sampled token ids."""
+    payloads: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """What each stage published (CONTRACT 8.1), dotted keys to CPU tensors."""
+    audio: Any = None
+    """The final audio stage's first published key (e.g. ``audio``), flattened to samples."""
+    seconds: dict[str, float] = field(default_factory=dict)
+    """Wall time each stage spent on this request (submit to finish)."""
+
+
+@dataclass
+class Carried:
+    """What a request takes into its next stage: the payload's transport handle (``{}`` for
+    none), and the payload itself, which the next glue function sees as ``input_payload``."""
+
+    handle: dict[str, Any] = field(default_factory=dict)
+    payload: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class StageRuntime:
+    """A stage's engine and what the driver needs to talk to it."""
+
+    plan: StagePlan
+    engine: Any
+    glue_name: str | None = None
+    """The glue of the edge to the next stage: this stage's ``next_stage_input``, or the next
+    stage's ``input_function``."""
+    glue: Any = None
+    transport: Any = None
+    hf_config: Any = None
+
+
+class Pipeline:
+    """Every stage of a model, in order; see the module docstring."""
+
+    def __init__(self, plan: ModelPlan, stages: list[StageRuntime], mode: str) -> None:
+        self.plan = plan
+        self.stages = stages
+        self.mode = mode
+        self.stage_seconds: dict[str, float] = {s.plan.stage: 0.0 for s in stages}
+        self.loop: asyncio.AbstractEventLoop | None = None
+        """``mp``: the event loop every request runs in (an ``AsyncLLM`` serves one loop), on a
+        thread of its own; ``submit`` and ``run`` hand it work from any thread."""
+        if mode == "mp":
+            self.loop = asyncio.new_event_loop()
+            threading.Thread(target=self.loop.run_forever, name="omnigen-pipeline", daemon=True).start()
+
+    def submit(
+        self,
+        prompt: Mapping[str, Any],
+        sampling: Mapping[str, Any] | None = None,
+        request_id: str | None = None,
+    ) -> concurrent.futures.Future[PipelineOutput]:
+        """``generate_async`` in the pipeline's loop (``mp``); cancelling the future aborts the request."""
+        return self.run(self.generate_async(prompt, sampling, request_id))
+
+    def run(self, coroutine: Coroutine[Any, Any, T]) -> concurrent.futures.Future[T]:
+        """Run ``coroutine`` in the pipeline's loop (``mp`` mode)."""
+        if self.loop is None:
+            coroutine.close()
+            raise PipelineError("a pipeline started with mode='inproc' has no event loop: use generate")
+        return asyncio.run_coroutine_threadsafe(coroutine, self.loop)
+
+    # -- construction --------------------------------------------------------------------
+
+    @classmethod
+    def from_model(
+        cls,
+        model: str,
+        stage_models: Mapping[str, str],
+        *,
+        mode: str = "inproc",
+        engine_kwargs: Mapping[str, Mapping[str, Any]] | None = None,
+        overrides: Sequence[str] = (),
+    ) -> Pipeline:
+        """Start one engine per stage of ``model`` (``stage_models``: stage -> model path)."""
+        if mode not in MODES:
+            raise ValueError(f"unknown pipeline mode {mode!r}; choose one of: {', '.join(MODES)}")
+        plan = api.model_plan(model, overrides)
+        missing = [s.stage for s in plan.stages if s.stage not in stage_models]
+        if missing:
+            raise ValueError(f"{model}: no model path for stage(s) {missing}; give stage_models[stage]")
+        engine_kwargs = engine_kwargs or {}
+        stages: list[StageRuntime] = []
+        try:
+            for index, stage in enumerate(plan.stages):
+                glue = _edge_glue(plan, index)
+                kwargs = dict(engine_kwargs.get(stage.stage, {}))
+                started = time.perf_counter()
+                log.info(
+                    "%s: starting the %s engine (%s) from %s",
+                    model,
+                    stage.stage,
+                    mode,
+                    stage_models[stage.stage],
+                )
+                engine = _start_engine(stage, stage_models[stage.stage], kwargs, mode, overrides)
+                log.info("%s: %s engine ready in %.1f s", model, stage.stage, time.perf_counter() - started)
+                stages.append(
+                    StageRuntime(
+                        plan=stage,
+                        engine=engine,
+                        glue_name=glue,
+                        glue=resolve_glue(glue) if glue else None,
+                        transport=transports.transport_for(stage.transport) if glue else None,
+                        hf_config=_hf_config(engine),
+                    )
+                )
+        except BaseException:
+            for runtime in stages:
+                _shutdown(runtime)
+            raise
+        return cls(plan, stages, mode)
+
+    def close(self) -> None:
+        """Shut every engine down; unlink every payload segment no consumer released."""
+        for runtime in self.stages:
+            _shutdown(runtime)
+        if self.loop is not None:
+            self.loop.call_soon_threadsafe(self.loop.stop)
+
+    def __enter__(self) -> Pipeline:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    # -- requests ------------------------------------------------------------------------
+
+    def generate(
+        self,
+        prompts: Sequence[Mapping[str, Any]],
+        sampling: Mapping[str, Any] | None = None,
+        request_ids: Sequence[str] | None = None,
+    ) -> list[PipelineOutput]:
+        """Every prompt through every stage; ``sampling``: stage -> ``SamplingParams``."""
+        request_ids = list(request_ids or (uuid.uuid4().hex for _ in prompts))
+        if self.mode == "mp":
+            return self.run(self._generate_all_async(prompts, sampling, request_ids)).result()
+        return self._generate_inproc(prompts, sampling or {}, request_ids)
+
+    def _generate_inproc(
+        self, prompts: Sequence[Mapping[str, Any]], sampling: Mapping[str, Any], request_ids: list[str]
+    ) -> list[PipelineOutput]:
+        results = [PipelineOutput(request_id=rid) for rid in request_ids]
+        inputs: list[dict[str, Any]] = [dict(p) for p in prompts]
+        carried = [Carried() for _ in prompts]
+        try:
+            for index, runtime in enumerate(self.stages):
+                name = runtime.plan.stage
+                params = [self._params(runtime, sampling, c.handle) for c in carried]
+                started = time.perf_counter()
+                outs = runtime.engine.generate(inputs, params, use_tqdm=False)
+                spent = time.perf_counter() - started
+                self.stage_seconds[name] += spent
+                log.info("%s: %d requests in %.3f s", name, len(outs), spent)
+                if index + 1 == len(self.stages):
+                    for result, out in zip(results, outs, strict=True):
+                        result.seconds[name] = spent
+                        self._record(result, runtime, out)
+                    break
+                handed = []
+                for result, out, prompt, got in zip(results, outs, prompts, carried, strict=True):
+                    result.seconds[name] = spent
+                    self._record(result, runtime, out)
+                    handed.append(self._handoff(runtime, result.request_id, out, prompt, got))
+                inputs = [prompt for prompt, _ in handed]
+                carried = [c for _, c in handed]
+        except BaseException:
+            for c in carried:
+                _drop(c.handle)
+            raise
+        return results
+
+    async def _generate_all_async(
+        self, prompts: Sequence[Mapping[str, Any]], sampling: Mapping[str, Any] | None, request_ids: list[str]
+    ) -> list[PipelineOutput]:
+        return list(
+            await asyncio.gather(
+                *(self.generate_async(p, sampling, rid) for p, rid in zip(prompts, request_ids, strict=True))
+            )
+        )
+
+    async def generate_async(
+        self,
+        prompt: Mapping[str, Any],
+        sampling: Mapping[str, Any] | None = None,
+        request_id: str | None = None,
+    ) -> PipelineOutput:
+        """One request through every stage (``mp`` mode); cancelling it aborts it in every stage."""
+        if self.mode != "mp":
+            raise PipelineError("generate_async needs a pipeline started with mode='mp'")
+        sampling = sampling or {}
+        result = PipelineOutput(request_id=request_id or uuid.uuid4().hex)
+        current: dict[str, Any] = dict(prompt)
+        got = Carried()
+        active: StageRuntime | None = None
+        try:
+            for index, runtime in enumerate(self.stages):
+                active = runtime
+                name = runtime.plan.stage
+                params = self._params(runtime, sampling, got.handle)
+                started = time.perf_counter()
+                final = None
+                async for out in runtime.engine.generate(current, params, f"{result.request_id}-{name}"):
+                    final = out
+                spent = time.perf_counter() - started
+                result.seconds[name] = spent
+                self.stage_seconds[name] += spent
+                if final is None or not final.finished:
+                    raise PipelineError(f"stage {name!r}: request {result.request_id!r} did not finish")
+                self._record(result, runtime, final)
+                if index + 1 < len(self.stages):
+                    current, got = self._handoff(runtime, result.request_id, final, prompt, got)
+            active = None
+        except BaseException:
+            if active is not None:
+                with contextlib.suppress(Exception):
+                    await active.engine.abort(f"{result.request_id}-{active.plan.stage}")
+            _drop(got.handle)
+            raise
+        return result
+
+    # -- between stages ------------------------------------------------------------------
+
+    def _params(self, runtime: StageRuntime, sampling: Mapping[str, Any], handle: dict[str, Any]) -> Any:
+        from vllm import SamplingParams
+
+        params = sampling.get(runtime.plan.stage)
+        if params is None:
+            params = SamplingParams(max_tokens=1) if runtime.plan.is_generation else SamplingParams()
+        else:
+            params = params.clone()
+        if runtime.plan.is_generation:
+            # A generation stage's work is its prompt; its one sampled placeholder ends it (7.3).
+            params.max_tokens = 1
+        if handle:
+            params.extra_args = {**(params.extra_args or {}), INLINE_PAYLOAD_KEY: handle}
+        return params
+
+    def _record(self, result: PipelineOutput, runtime: StageRuntime, out: Any) -> None:
+        name = runtime.plan.stage
+        completion = out.outputs[0]
+        if completion.finish_reason == "abort":
+            raise PipelineError(f"stage {name!r}: request {result.request_id!r} was aborted")
+        result.token_ids[name] = list(completion.token_ids)
+        if runtime.plan.final_output == "text":
+            result.text[name] = completion.text or ""
+        payload = stage_payload(out)
+        result.payloads[name] = payload
+        if runtime.plan.final_output == "audio":
+            result.audio = _audio_of(runtime.plan, payload, result.request_id)
+
+    def _handoff(
+        self, runtime: StageRuntime, request_id: str, out: Any, prompt: Mapping[str, Any], got: Carried
+    ) -> tuple[dict[str, Any], Carried]:
+        """The next stage's prompt and its payload's handle, from a finished producer request."""
+        name = runtime.plan.stage
+        completion = out.outputs[0]
+        source = StageResult(
+            request_id=request_id,
+            prompt_token_ids=list(out.prompt_token_ids or []),
+            output_token_ids=list(completion.token_ids),
+            payload=stage_payload(out),
+            text=completion.text or "",
+            finish_reason=completion.finish_reason,
+            stop_reason=completion.stop_reason,
+            input_payload=got.payload,
+            user_prompt=dict(prompt),
+            hf_config=runtime.hf_config,
+        )
+        try:
+            made: NextStageInput = runtime.glue(source)
+        except GlueError as exc:
+            raise PipelineError(f"stage {name!r} -> next stage: {exc}") from exc
+        except Exception as exc:
+            raise PipelineError(
+                f"stage {name!r}: glue {runtime.glue_name} failed on request {request_id!r}: {exc}"
+            ) from exc
+        next_prompt: dict[str, Any] = {"prompt_token_ids": list(made.prompt_token_ids)}
+        if made.multi_modal_data:
+            next_prompt["multi_modal_data"] = made.multi_modal_data
+        next_handle = runtime.transport.put(request_id, made.payload) if made.payload else {}
+        return next_prompt, Carried(handle=next_handle, payload=made.payload)
+
+
+def _edge_glue(plan: ModelPlan, index: int) -> str | None:
+    """The glue function of the edge from stage ``index`` to the next (None for the last)."""
+    if index + 1 >= len(plan.stages):
+        return None
+    glue = plan.stages[index].next_stage_input or plan.stages[index + 1].input_function
+    if glue is None:
+        raise PipelineError(
+            f"{plan.name}: nothing turns stage {plan.stages[index].stage!r}'s output into stage "
+            f"{plan.stages[index + 1].stage!r}'s request: set its next_stage_input, or the next "
+            "stage's input_function"
+        )
+    return glue
+
+
+def _audio_of(plan: StagePlan, payload: Mapping[str, Any], request_id: str) -> Any:
+    """The audio samples of a final audio stage: its first published key, else the one tensor."""
+    keys = list(plan.published_keys or ()) or [k for k in payload if not k.endswith("sr")]
+    for key in keys:
+        value = payload.get(key)
+        if value is not None and hasattr(value, "reshape"):
+            return value.reshape(-1)
+    raise PipelineError(
+        f"stage {plan.stage!r}: request {request_id!r} published no audio (payload keys: {sorted(payload)})"
+    )
+
+
+def _drop(handle: dict[str, Any]) -> None:
+    """Release a payload no stage will read (a failed or aborted request)."""
+    if transports.is_handle(handle):
+        with contextlib.suppress(Exception):
+            transports.transport_for_handle(handle).release(handle)
+
+
+def _engine_args(
+    stage: StagePlan, model_path: str, kwargs: dict[str, Any], overrides: Sequence[str]
+) -> dict[str, Any]:
+    args = dict(kwargs)
+    args["model"] = model_path
+    args.setdefault("worker_cls", api.worker_cls_name(stage.model, stage.stage, overrides))
+    args.setdefault("scheduler_cls", SCHEDULER_CLS)
+    return args
+
+
+def _start_engine(
+    stage: StagePlan, model_path: str, kwargs: dict[str, Any], mode: str, overrides: Sequence[str]
+) -> Any:
+    args = _engine_args(stage, model_path, kwargs, overrides)
+    if mode == "inproc":
+        from vllm import LLM
+
+        with _environment(VLLM_ENABLE_V1_MULTIPROCESSING="0"):
+            return LLM(**args)
+    if overrides:
+        raise ValueError(
+            "mode='mp' starts each engine core in a process of its own, which imports the committed "
+            "generated workers: build the overrides into conf/ (or use mode='inproc')"
+        )
+    from vllm.engine.arg_utils import AsyncEngineArgs
+    from vllm.v1.engine.async_llm import AsyncLLM
+
+    devices = {"CUDA_VISIBLE_DEVICES": stage.devices} if stage.devices is not None else {}
+    with _environment(VLLM_ENABLE_V1_MULTIPROCESSING="1", **devices):
+        return AsyncLLM.from_engine_args(AsyncEngineArgs(**args))
+
+
+@contextlib.contextmanager
+def _environment(**values: str) -> Iterator[None]:
+    """``values`` in ``os.environ`` while an engine starts (its processes inherit them)."""
+    saved = {key: os.environ.get(key) for key in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+def _hf_config(engine: Any) -> Any:
+    model_config = getattr(getattr(engine, "llm_engine", engine), "model_config", None)
+    return getattr(model_config, "hf_config", None)
+
+
+def _shutdown(runtime: StageRuntime) -> None:
+    if runtime.transport is not None:
+        with contextlib.suppress(Exception):
+            runtime.transport.close()
+    engine = runtime.engine
+    with contextlib.suppress(Exception):
+        if hasattr(engine, "shutdown"):
+            engine.shutdown()
+        else:
+            engine.llm_engine.engine_core.shutdown()

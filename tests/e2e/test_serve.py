@@ -1,0 +1,158 @@
+"""``omnigen serve`` over real HTTP on 127.0.0.1: the tiny talker -> code2wav pipeline (issue 8).
+
+The server is the command a user runs, in a subprocess (one engine-core process per stage), and
+the client is httpx: concurrent requests get WAV audio of the expected length, a seeded request
+twice gets the same bytes, and a client that disconnects mid-request leaves no per-request state
+in any stage and no shared-memory segment.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import os
+import socket
+import subprocess
+import sys
+import time
+import wave
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.e2e
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+MAX_TOKENS = 12  # conf/serve/omnigen_tiny.yaml
+SAMPLES = (MAX_TOKENS - 1) * 4 * 4  # frames x codebooks x hop_length
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    import httpx
+
+    port = free_port()
+    log = tmp_path_factory.mktemp("serve") / "server.log"
+    env = {
+        **os.environ,
+        "VLLM_CPU_KVCACHE_SPACE": "1",
+        "VLLM_PLUGINS": "omnigen",
+        "VLLM_USE_V2_MODEL_RUNNER": "0",
+        "PYTHONPATH": str(REPO_ROOT),
+    }
+    command = [
+        sys.executable,
+        "-m",
+        "omnigen.cli",
+        "serve",
+        "model=omnigen_tiny",
+        "serve=omnigen_tiny",
+        f"serve.port={port}",
+    ]
+    with log.open("w") as out:
+        process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=env)
+    base = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 240
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            pytest.fail(f"omnigen serve exited {process.returncode}:\n{log.read_text()[-4000:]}")
+        try:
+            if httpx.get(f"{base}/health", timeout=1).status_code == 200:
+                break
+        except httpx.HTTPError:
+            time.sleep(1)
+    else:
+        process.kill()
+        pytest.fail(f"omnigen serve did not come up:\n{log.read_text()[-4000:]}")
+    yield base, log
+    process.terminate()
+    try:
+        process.wait(30)
+    except subprocess.TimeoutExpired:
+        process.kill()
+
+
+def samples_of(wav: bytes) -> int:
+    with wave.open(io.BytesIO(wav)) as audio:
+        assert (audio.getnchannels(), audio.getsampwidth(), audio.getframerate()) == (1, 2, 16000)
+        return audio.getnframes()
+
+
+def segments() -> set[str]:
+    return {p.name for p in Path("/dev/shm").glob("omnigen-*")}
+
+
+def test_the_start_up_says_what_it_waits_for(server):
+    _, log = server
+    text = log.read_text()
+    assert "starting the talker engine (mp)" in text and "code2wav engine ready in" in text
+
+
+def test_concurrent_requests_get_wav_audio(server):
+    import httpx
+
+    base, _ = server
+
+    async def run() -> list[httpx.Response]:
+        async with httpx.AsyncClient(base_url=base, timeout=120) as client:
+            return await asyncio.gather(
+                *(client.post("/v1/audio/speech", json={"input": f"request {i}"}) for i in range(8))
+            )
+
+    for response in asyncio.run(run()):
+        assert response.status_code == 200, response.text
+        assert response.headers["content-type"] == "audio/wav"
+        assert samples_of(response.content) == SAMPLES
+
+
+def test_a_seeded_request_twice_gets_the_same_audio(server):
+    import httpx
+
+    base, _ = server
+    body = {"input": "the same words", "seed": 7}
+    first = httpx.post(f"{base}/v1/audio/speech", json=body, timeout=120)
+    second = httpx.post(f"{base}/v1/audio/speech", json=body, timeout=120)
+    other = httpx.post(f"{base}/v1/audio/speech", json={**body, "seed": 8}, timeout=120)
+    assert first.status_code == second.status_code == other.status_code == 200
+    assert first.content == second.content
+    assert other.content != first.content
+
+
+def test_bad_requests_are_clear_errors(server):
+    import httpx
+
+    base, _ = server
+    assert httpx.post(f"{base}/v1/audio/speech", json={"input": "x", "model": "other"}).status_code == 404
+    assert (
+        httpx.post(f"{base}/v1/audio/speech", json={"input": "x", "response_format": "mp3"}).status_code
+        == 400
+    )
+    assert httpx.post(f"{base}/v1/audio/speech", json={}).status_code == 400
+    models = httpx.get(f"{base}/v1/models").json()
+    assert [m["id"] for m in models["data"]] == ["omnigen_tiny"]
+
+
+def test_a_client_that_disconnects_leaves_no_state(server):
+    import httpx
+
+    base, log = server
+    aborted_before = log.read_text().count("client went away: request aborted in every stage")
+    before = segments()
+    for _ in range(3):
+        with pytest.raises(httpx.TimeoutException):
+            # 100 talker tokens take well over 50 ms: the client gives up mid-request.
+            httpx.post(f"{base}/v1/audio/speech", json={"input": "long", "max_tokens": 100}, timeout=0.05)
+    time.sleep(1.0)  # the server notices within its poll interval and aborts in every stage
+    assert log.read_text().count("client went away: request aborted in every stage") == aborted_before + 3
+    # vLLM tells a worker what finished or was aborted with the next step's batch: one more request.
+    assert httpx.post(f"{base}/v1/audio/speech", json={"input": "after"}, timeout=120).status_code == 200
+    state = httpx.get(f"{base}/v1/omnigen/state", timeout=30).json()
+    for stage, held in state.items():
+        assert all(len(ids) <= 1 for ids in held.values()), (stage, held)
+    assert segments() == before
