@@ -10,6 +10,7 @@ MODELS = (
     "minicpmo_4_5",
     "moss_tts_local",
     "omnigen_tiny",
+    "omnigen_tiny_omni",
     "qwen2_5_omni",
     "qwen3_omni",
     "qwen3_tts",

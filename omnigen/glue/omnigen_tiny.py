@@ -1,16 +1,45 @@
-"""omnigen's tiny test model: talker -> code2wav (``conf/model/omnigen_tiny.yaml``).
+"""omnigen's tiny test models: talker -> code2wav (``conf/model/omnigen_tiny.yaml``) and
+thinker -> talker -> code2wav (``conf/model/omnigen_tiny_omni.yaml``).
 
-No vllm-omni counterpart: the prompt is ``omnigen.testing.tiny_omni.talker_to_code2wav`` of
-the talker's payload, and the codes also travel as the payload (``codes.audio``, the talker's
+thinker -> talker: the talker's prompt is the thinker's output token ids mapped into the
+talker's prompt range (``omnigen.testing.tiny_omni.thinker_to_talker``), and the payload is the
+thinker's hidden rows (``{"thinker": {"hidden": ...}}``, one row per token the thinker ran), which
+the tiny talker records on arrival, as a real talker reads the thinker's states from its buffer.
+
+talker -> code2wav: the prompt is ``omnigen.testing.tiny_omni.talker_to_code2wav`` of the
+talker's payload, and the codes also travel as the payload (``codes.audio``, the talker's
 frames without placeholders), which the tiny code2wav checks its scheduled tokens against, as a
 real code2wav reads its codes from the request's buffer.
+
+No vllm-omni counterparts.
 """
 
 from __future__ import annotations
 
 import torch
 
-from .types import NextStageInput, StageResult
+from .types import GlueError, NextStageInput, StageResult, owned_cpu
+
+THINKER2TALKER = "omnigen.glue.omnigen_tiny.thinker2talker"
+
+
+def thinker2talker(source: StageResult) -> NextStageInput:
+    """The tiny thinker's output ids and ``hidden`` rows -> the tiny talker's prompt and payload."""
+    from omnigen.testing.tiny_omni import thinker_to_talker
+
+    if not source.output_token_ids:
+        raise GlueError(THINKER2TALKER, source.request_id, "the thinker wrote no token for the talker")
+    hidden = source.get("hidden")
+    if not isinstance(hidden, torch.Tensor) or hidden.dim() != 2:
+        raise GlueError(
+            THINKER2TALKER,
+            source.request_id,
+            f"expected the thinker's hidden rows as a (tokens, hidden) tensor, got {type(hidden).__name__}",
+        )
+    return NextStageInput(
+        prompt_token_ids=thinker_to_talker(source.output_token_ids),
+        payload={"thinker": {"hidden": owned_cpu(hidden)}},
+    )
 
 
 def talker2code2wav(source: StageResult) -> NextStageInput:

@@ -35,6 +35,7 @@ GLUE: dict[str, Glue] = {
         higgs_audio_v3.talker2code2wav,
         moss_tts.talker2codec,
         omnigen_tiny.talker2code2wav,
+        omnigen_tiny.thinker2talker,
     )
 }
 
@@ -76,6 +77,7 @@ VLLM_OMNI_EQUIVALENTS: dict[str, tuple[str, ...]] = {
     "omnigen.glue.higgs_audio_v3.talker2code2wav": (f"{_P}.higgs_audio_v3.talker2code2wav",),
     "omnigen.glue.moss_tts.talker2codec": (f"{_P}.moss_tts.talker2codec",),
     "omnigen.glue.omnigen_tiny.talker2code2wav": (),
+    "omnigen.glue.omnigen_tiny.thinker2talker": (),
 }
 
 

@@ -1,8 +1,16 @@
 """Tiny, real vLLM models shaped like omni stages, for end-to-end engine tests.
 
-Two architectures, registered out of tree by :func:`omnigen.plugin.register` (the
+Three architectures, registered out of tree by :func:`omnigen.plugin.register` (the
 ``vllm.general_plugins`` entry point), served by the generated workers of
-``conf/model/omnigen_tiny.yaml``:
+``conf/model/omnigen_tiny.yaml`` (talker -> code2wav) and ``conf/model/omnigen_tiny_omni.yaml``
+(thinker -> talker -> code2wav):
+
+* ``OmnigenTinyThinkerForConditionalGeneration`` (:class:`OmnigenTinyThinker`): a text
+  stage. Llama trunk, vLLM's sampler, and a real tokenizer (:func:`write_tiny_tokenizer`, one
+  printable character per token for the first ids, short words after), so it publishes text;
+  its forward emits one hidden row per token (``multimodal_outputs["hidden"]``), the full
+  payload :func:`omnigen.glue.omnigen_tiny.thinker2talker` hands the talker (which records
+  what it received: ``OmniRecord.thinker_payloads``).
 
 * ``OmnigenTinyTalkerForConditionalGeneration`` (:class:`OmnigenTinyTalker`): an
   autoregressive talker. Llama trunk (vLLM's own ``LlamaModel``: real paged
@@ -26,7 +34,7 @@ Which hooks exist and which variant they follow is read from the HF config that
 covers every talker flavour; :data:`VARIANT_OVERRIDES` pairs each variant with the
 omnigen overrides that generate the matching runner (:func:`worker_cls`). Weights
 are random (``load_format="dummy"``) and there is no tokenizer
-(``skip_tokenizer_init=True``; prompts are token ids).
+(``skip_tokenizer_init=True``; prompts are token ids), except the thinker's.
 
 Like a real talker, ``preprocess`` builds a row's embeddings from its ``input_ids``
 (``embed_input_ids``): the runner hands it the persistent ``inputs_embeds`` buffer,
@@ -43,6 +51,7 @@ config disabled. Read it through the engine with
 from __future__ import annotations
 
 import copy
+import json
 import os
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -53,9 +62,11 @@ from torch import nn
 
 from omnigen.runtime.outputs import OmniOutput
 
+THINKER_ARCH = "OmnigenTinyThinkerForConditionalGeneration"
 TALKER_ARCH = "OmnigenTinyTalkerForConditionalGeneration"
 CODE2WAV_ARCH = "OmnigenTinyCode2Wav"
 TINY_ARCHS: dict[str, str] = {
+    THINKER_ARCH: "omnigen.testing.tiny_omni:OmnigenTinyThinker",
     TALKER_ARCH: "omnigen.testing.tiny_omni:OmnigenTinyTalker",
     CODE2WAV_ARCH: "omnigen.testing.tiny_omni:OmnigenTinyCode2Wav",
 }
@@ -101,6 +112,14 @@ VARIANTS: dict[str, dict[str, Any]] = {
         omnigen_decode_batch="plain",
         omnigen_mtp_per_row_generators=False,
     ),
+    # a thinker: text out, hidden rows for the talker, no talker hooks.
+    "thinker": dict(
+        omnigen_stage="thinker",
+        omnigen_preprocess=False,
+        omnigen_mtp=False,
+        omnigen_decode_batch="none",
+        omnigen_mtp_per_row_generators=False,
+    ),
     # a code2wav / codec decoder: no talker hooks at all.
     "code2wav": dict(
         omnigen_stage="code2wav",
@@ -122,6 +141,9 @@ _DECODE_BATCH_MODES = ("none", "mtp", "plain")
 
 TINY_MODEL = "omnigen_tiny"
 """The omnigen model config (``conf/model/omnigen_tiny.yaml``) whose runners serve these models."""
+
+TINY_OMNI_MODEL = "omnigen_tiny_omni"
+"""The three-stage config (``conf/model/omnigen_tiny_omni.yaml``): thinker -> talker -> code2wav."""
 
 _TALKER = "model.stages.talker"
 VARIANT_OVERRIDES: dict[str, tuple[str, ...]] = {
@@ -148,6 +170,21 @@ VARIANT_STAGES: dict[str, str] = {
     "code2wav": "code2wav",
 }
 
+VARIANT_ARCHS: dict[str, str] = {
+    "mtp_batched": TALKER_ARCH,
+    "mtp_per_row": TALKER_ARCH,
+    "batched_plain": TALKER_ARCH,
+    "thinker": THINKER_ARCH,
+    "code2wav": CODE2WAV_ARCH,
+}
+"""The architecture each variant's HF config names."""
+
+ARCH_DEFAULT_VARIANTS: dict[str, str] = {
+    THINKER_ARCH: "thinker",
+    TALKER_ARCH: "mtp_batched",
+    CODE2WAV_ARCH: "code2wav",
+}
+
 PLACEHOLDER_CODE = -1
 """A prefill token's row in the talker's ``codes.audio`` payload (the consumer crops it)."""
 
@@ -164,6 +201,17 @@ def worker_cls(variant: str) -> str:
     if variant not in VARIANT_OVERRIDES:
         raise ValueError(f"unknown variant {variant!r}; known: {sorted(VARIANT_OVERRIDES)}")
     return api.worker_cls_name(TINY_MODEL, VARIANT_STAGES[variant], VARIANT_OVERRIDES[variant])
+
+
+TALKER_TEXT_BASE = 10
+"""Talker prompt id of thinker token ``t``: ``TALKER_TEXT_BASE + t % TALKER_TEXT_IDS``."""
+TALKER_TEXT_IDS = 400
+
+
+def thinker_to_talker(token_ids: Iterable[int]) -> list[int]:
+    """The thinker's output token ids -> the talker's prompt ids (the range the tests' talker
+    prompts use: ``[TALKER_TEXT_BASE, TALKER_TEXT_BASE + TALKER_TEXT_IDS)``)."""
+    return [TALKER_TEXT_BASE + int(t) % TALKER_TEXT_IDS for t in token_ids]
 
 
 def talker_to_code2wav(payload: dict[str, Any], request: Any = None) -> list[int]:
@@ -225,8 +273,8 @@ class TalkerVariant:
         return variant
 
     def validate(self) -> None:
-        if self.stage not in ("talker", "code2wav"):
-            raise ValueError(f"omnigen_stage must be 'talker' or 'code2wav', got {self.stage!r}")
+        if self.stage not in ("thinker", "talker", "code2wav"):
+            raise ValueError(f"omnigen_stage must be 'thinker', 'talker' or 'code2wav', got {self.stage!r}")
         if self.decode_batch not in _DECODE_BATCH_MODES:
             raise ValueError(
                 f"omnigen_decode_batch must be one of {_DECODE_BATCH_MODES}, got {self.decode_batch!r}"
@@ -247,20 +295,24 @@ def write_tiny_config(
 ) -> str:
     """Write a tiny Llama-shaped HF config for ``arch`` into ``tmpdir``; return the dir.
 
-    ``variant`` picks a preset from :data:`VARIANTS` (default: ``"mtp_batched"`` for
-    the talker, ``"code2wav"`` for the code2wav arch); ``knobs`` override single
-    ``omnigen_*`` keys or the Llama shape (``hidden_size``, ``vocab_size``, ...).
-    Only ``config.json`` is written: load it with ``load_format="dummy"`` and
-    ``skip_tokenizer_init=True``.
+    ``variant`` picks a preset from :data:`VARIANTS` (default: ``"thinker"`` for the
+    thinker, ``"mtp_batched"`` for the talker, ``"code2wav"`` for the code2wav arch);
+    ``knobs`` override single ``omnigen_*`` keys or the Llama shape (``hidden_size``,
+    ``vocab_size``, ...). Load it with ``load_format="dummy"``. The talker and code2wav get
+    ``config.json`` only (``skip_tokenizer_init=True``); the thinker also gets its tokenizer
+    (:func:`write_tiny_tokenizer`, ``vocab_size`` tokens) and no BOS/EOS ids, so it writes text
+    for its whole token budget (``skip_tokenizer_init=False``).
     """
     from transformers import LlamaConfig
 
     if arch not in TINY_ARCHS:
         raise ValueError(f"unknown tiny arch {arch!r}; known: {sorted(TINY_ARCHS)}")
     if variant is None:
-        variant = "code2wav" if arch == CODE2WAV_ARCH else "mtp_batched"
+        variant = ARCH_DEFAULT_VARIANTS[arch]
     if variant not in VARIANTS:
         raise ValueError(f"unknown variant {variant!r}; known: {sorted(VARIANTS)}")
+    if VARIANT_ARCHS[variant] != arch:
+        raise ValueError(f"variant {variant!r} is for {VARIANT_ARCHS[variant]}, not {arch}")
     values: dict[str, Any] = {**TINY_SHAPE, **KNOB_DEFAULTS, **VARIANTS[variant], **knobs}
     unknown = [k for k in knobs if k not in TINY_SHAPE and k not in KNOB_DEFAULTS]
     if unknown:
@@ -270,9 +322,57 @@ def write_tiny_config(
 
     path = os.fspath(tmpdir)
     os.makedirs(path, exist_ok=True)
-    config = LlamaConfig(architectures=[arch], dtype="float32", **values)
+    special: dict[str, Any] = {}
+    if arch == THINKER_ARCH:
+        # No BOS/EOS: vLLM would take LlamaConfig's defaults (1, 2) as stop tokens.
+        special = dict(bos_token_id=None, eos_token_id=None, pad_token_id=None)
+    config = LlamaConfig(architectures=[arch], dtype="float32", **values, **special)
     config.save_pretrained(path)
+    if arch == THINKER_ARCH:
+        write_tiny_tokenizer(path, int(values["vocab_size"]))
     return path
+
+
+TOKENIZER_CHARS = "".join(chr(c) for c in range(32, 127))
+"""Ids ``1..95`` of the tiny tokenizer: the printable ASCII characters (id 0 is ``<unk>``)."""
+
+
+def tiny_vocab(vocab_size: int) -> list[str]:
+    """The tiny tokenizer's tokens by id: ``<unk>``, the printable ASCII characters, then
+    distinct short words (``" ban"``, ``" ben"``, ...) up to ``vocab_size``. ASCII only, so any
+    id sequence decodes to the concatenation of its tokens, incrementally or at once."""
+    consonants, vowels, ends = "bcdfghjklmnpqrstvwxz", "aeiou", "nrstlkm"
+    words = [f" {c}{v}{e}" for c in consonants for v in vowels for e in ends]
+    vocab = ["<unk>", *TOKENIZER_CHARS, *words]
+    if vocab_size > len(vocab):
+        raise ValueError(f"the tiny tokenizer has at most {len(vocab)} tokens, vocab_size is {vocab_size}")
+    if vocab_size <= len(TOKENIZER_CHARS):
+        raise ValueError(f"vocab_size {vocab_size} leaves no room for the printable characters")
+    return vocab[:vocab_size]
+
+
+def write_tiny_tokenizer(path: str | os.PathLike[str], vocab_size: int) -> str:
+    """Write a ``tokenizers`` tokenizer of ``vocab_size`` tokens (:func:`tiny_vocab`) into
+    ``path`` as ``tokenizer.json`` + ``tokenizer_config.json``, which transformers (and so
+    vLLM) load as a ``PreTrainedTokenizerFast``. Text is encoded one character per token
+    (``<unk>`` for anything else); ids decode by concatenation, no special tokens."""
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+
+    vocab = {token: index for index, token in enumerate(tiny_vocab(vocab_size))}
+    tokenizer = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
+    tokenizer.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
+    tokenizer.decoder = decoders.Fuse()
+    folder = os.fspath(path)
+    os.makedirs(folder, exist_ok=True)
+    tokenizer.save(os.path.join(folder, "tokenizer.json"))
+    config = {
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "model_max_length": int(TINY_SHAPE["max_position_embeddings"]),
+        "clean_up_tokenization_spaces": False,
+    }
+    with open(os.path.join(folder, "tokenizer_config.json"), "w", encoding="utf-8") as f:
+        json.dump(config, f, indent=2)
+    return folder
 
 
 class _Namespace:
@@ -305,6 +405,18 @@ class OmniRecord:
         """Talker: the codes the forward emitted per request, one frame per decode step."""
         self.payload_tokens_checked = 0
         """Code2wav: scheduled tokens checked against the codes the request's payload carried."""
+        self.thinker_payloads: dict[str, dict[str, Any]] = {}
+        """Talker: per request, the thinker payload its buffer held (``thinker.hidden``:
+        shape, dtype, checksum), as first seen; a later step that sees another is an error."""
+
+    def thinker_payload(self, req_id: Any, hidden: Any) -> None:
+        if not isinstance(hidden, torch.Tensor) or hidden.dim() != 2:
+            self.error(f"{req_id}: thinker.hidden is {type(hidden).__name__}, not a (rows, hidden) tensor")
+            return
+        seen = _describe(hidden)
+        held = self.thinker_payloads.setdefault(str(req_id), seen)
+        if held != seen:
+            self.error(f"{req_id}: thinker.hidden changed from {held} to {seen}")
 
     def _see(self, req_ids: Iterable[Any]) -> None:
         for rid in req_ids:
@@ -421,6 +533,7 @@ class OmniRecord:
                 "request_ids": self.request_ids,
                 "codes": self.codes,
                 "payload_tokens_checked": self.payload_tokens_checked,
+                "thinker_payloads": self.thinker_payloads,
                 "pending_hook_calls": [c for c in self.hook_calls if c["step"] == self.step],
             }
         )
@@ -681,6 +794,30 @@ class _TinyLlamaStage(nn.Module):
         return AutoWeightsLoader(self).load_weights(weights)
 
 
+class OmnigenTinyThinker(_TinyLlamaStage):
+    """A thinker stage: text from vLLM's sampler, one hidden row per token for the talker."""
+
+    def __init__(self, *, vllm_config: Any, prefix: str = "") -> None:
+        super().__init__(vllm_config=vllm_config, prefix=prefix)
+        if self.variant.stage != "thinker":
+            raise ValueError(
+                f"{type(self).__name__} needs omnigen_stage='thinker', got {self.variant.stage!r}"
+            )
+
+    def forward(
+        self,
+        input_ids: torch.Tensor | None,
+        positions: torch.Tensor,
+        intermediate_tensors: Any = None,
+        inputs_embeds: torch.Tensor | None = None,
+        **kwargs: Any,
+    ) -> OmniOutput:
+        hidden = self._trunk(input_ids, positions, intermediate_tensors, inputs_embeds)
+        return self._finish_forward(
+            hidden, input_ids, positions, inputs_embeds, kwargs, {"hidden": hidden.clone()}
+        )
+
+
 class OmnigenTinyTalker(_TinyLlamaStage):
     """A talker stage: hooks and code predictor chosen by the config knobs."""
 
@@ -710,10 +847,23 @@ class OmnigenTinyTalker(_TinyLlamaStage):
         **kwargs: Any,
     ) -> OmniOutput:
         hidden = self._trunk(input_ids, positions, intermediate_tensors, inputs_embeds)
+        self._note_thinker_payload(kwargs.get("model_intermediate_buffer"))
         codes = self._step_codes(int(hidden.shape[0]), hidden.device, kwargs.get("model_intermediate_buffer"))
         return self._finish_forward(
             hidden, input_ids, positions, inputs_embeds, kwargs, {"codes.audio": codes}
         )
+
+    def _note_thinker_payload(self, buffers: Any) -> None:
+        """Like a real talker reading the thinker's hidden states from its buffer (CONTRACT 4.2):
+        record each request's ``thinker.hidden`` (what the glue function sent it)."""
+        if not isinstance(buffers, (list, tuple)):
+            return
+        for buffer in buffers:
+            if not isinstance(buffer, dict):
+                continue
+            thinker = buffer.get("thinker")
+            if isinstance(thinker, dict) and "hidden" in thinker:
+                self.omni_record.thinker_payload(buffer.get("request_id"), thinker["hidden"])
 
     def _mtp_routed(self, span: int, is_prefill: bool | None) -> bool:
         return self.variant.mtp and span == 1 and is_prefill is False

@@ -424,6 +424,34 @@ def test_omnigen_tiny_uses_the_tiny_models_prompt_function():
     assert out.payload.keys() == {"codes"} and torch.equal(out.payload["codes"]["audio"], codes[1:])
 
 
+def test_omnigen_tiny_thinker_ids_become_the_talker_prompt_and_its_hidden_rows_the_payload():
+    from omnigen.testing.tiny_omni import TALKER_TEXT_BASE, TALKER_TEXT_IDS, thinker_to_talker
+
+    hidden = torch.arange(12, dtype=torch.float32).reshape(6, 2)  # 3 prompt + 4 output - 1 rows
+    out = omnigen_tiny.thinker2talker(result(payload={"hidden": hidden}, output_token_ids=[0, 7, 399, 511]))
+    assert out.prompt_token_ids == thinker_to_talker([0, 7, 399, 511]) == [10, 17, 409, 121]
+    assert all(TALKER_TEXT_BASE <= t < TALKER_TEXT_BASE + TALKER_TEXT_IDS for t in out.prompt_token_ids)
+    # Nested, as the talker's runner merges it into the request's buffer (CONTRACT 4.2).
+    assert out.payload.keys() == {"thinker"} and out.payload["thinker"].keys() == {"hidden"}
+    assert torch.equal(out.payload["thinker"]["hidden"], hidden)
+    assert out.multi_modal_data is None
+
+
+@pytest.mark.parametrize(
+    ("fields", "reason"),
+    [
+        ({"payload": {"hidden": torch.zeros(3, 2)}, "output_token_ids": []}, "no token"),
+        ({"payload": {}, "output_token_ids": [5]}, "hidden rows"),
+        ({"payload": {"hidden": torch.zeros(3)}, "output_token_ids": [5]}, "hidden rows"),
+    ],
+)
+def test_omnigen_tiny_thinker_without_tokens_or_hidden_rows_fails_the_request(fields, reason):
+    with pytest.raises(
+        GlueError, match=rf"omnigen\.glue\.omnigen_tiny\.thinker2talker: request 'req-0': .*{reason}"
+    ):
+        omnigen_tiny.thinker2talker(result(**fields))
+
+
 # -- every function -----------------------------------------------------------------------------
 
 SOURCES = {
@@ -453,6 +481,9 @@ SOURCES = {
     "omnigen.glue.moss_tts.talker2codec": lambda: result(payload={"codes.audio": torch.tensor([[1, 2]])}),
     "omnigen.glue.omnigen_tiny.talker2code2wav": lambda: result(
         payload={"codes.audio": torch.tensor([[1, 2]])}
+    ),
+    "omnigen.glue.omnigen_tiny.thinker2talker": lambda: result(
+        payload={"hidden": torch.ones(4, 2)}, output_token_ids=[3, 4]
     ),
 }
 
