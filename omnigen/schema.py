@@ -374,7 +374,8 @@ class ServeConf:
 
     models: Dict[str, str] = field(default_factory=dict)
     """Each stage's model: a checkpoint folder or hub name, or ``omnigen_tiny:VARIANT`` for
-    omnigen's tiny test models (written to a temporary folder)."""
+    omnigen's tiny test models (written to a temporary folder; ``omnigen_tiny:thinker`` with
+    its tokenizer)."""
 
     mode: PipelineMode = PipelineMode.mp
     """``mp``: one engine-core process per stage (``serve`` needs it); ``inproc``: every engine

@@ -102,8 +102,10 @@ def _model_path(value: str, stage: str, scratch: Path) -> str:
         raise SettingsError(
             f"serve.models.{stage}: no tiny variant {variant!r}; choose one of: {', '.join(sorted(tiny_omni.VARIANTS))}"
         )
-    arch = tiny_omni.CODE2WAV_ARCH if variant == "code2wav" else tiny_omni.TALKER_ARCH
-    return tiny_omni.write_tiny_config(scratch / stage, arch=arch, variant=variant)
+    # omnigen_tiny:thinker also writes the thinker's tokenizer into its folder.
+    return tiny_omni.write_tiny_config(
+        scratch / stage, arch=tiny_omni.VARIANT_ARCHS[variant], variant=variant
+    )
 
 
 def prompt_of(settings: Settings, text: str | None, token_ids: list[int] | None) -> dict[str, Any]:
