@@ -137,12 +137,9 @@ def attach_step_payloads(output: Any, rows: Mapping[str, Mapping[str, Any]] | No
     """
     if not rows or output is None:
         return output
-    target = getattr(output, "_model_runner_output", output)
-    if target is EMPTY_MODEL_RUNNER_OUTPUT:
-        target = dataclasses.replace(target)
-        if target is not output:
-            output = target
-    setattr(target, STEP_PAYLOADS_ATTR, dict(rows))
+    if output is EMPTY_MODEL_RUNNER_OUTPUT:
+        output = dataclasses.replace(output)
+    setattr(getattr(output, "_model_runner_output", output), STEP_PAYLOADS_ATTR, dict(rows))
     return output
 
 

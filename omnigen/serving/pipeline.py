@@ -357,9 +357,14 @@ def _edge_glue(plan: ModelPlan, index: int) -> str | None:
     return glue
 
 
+# Where a final audio stage that publishes every key keeps its samples: omnigen's tiny code2wav
+# (audio) and vllm-omni 0.30's code2wav classes (model_outputs, beside sr).
+AUDIO_KEYS = ("audio", "model_outputs")
+
+
 def _audio_of(plan: StagePlan, payload: Mapping[str, Any], request_id: str) -> Any:
-    """The audio samples of a final audio stage: its first published key, else the one tensor."""
-    keys = list(plan.published_keys or ()) or [k for k in payload if not k.endswith("sr")]
+    """The audio samples of a final audio stage: its first published key, else a known audio key."""
+    keys = list(plan.published_keys or ()) or list(AUDIO_KEYS)
     for key in keys:
         value = payload.get(key)
         if value is not None and hasattr(value, "reshape"):
