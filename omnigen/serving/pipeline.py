@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from omnigen import api
+from omnigen.glue.registry import UnknownGlueError
 from omnigen.glue.registry import resolve as resolve_glue
 from omnigen.glue.types import GlueError, NextStageInput, StageResult
 from omnigen.plan import SCHEDULER_CLS, ModelPlan, StagePlan
@@ -160,7 +161,7 @@ class Pipeline:
                         plan=stage,
                         engine=engine,
                         glue_name=glue,
-                        glue=resolve_glue(glue) if glue else None,
+                        glue=_glue_function(glue) if glue else None,
                         transport=transports.transport_for(stage.transport) if glue else None,
                         hf_config=_hf_config(engine),
                     )
@@ -341,6 +342,21 @@ class Pipeline:
             next_prompt["multi_modal_data"] = made.multi_modal_data
         next_handle = runtime.transport.put(request_id, made.payload) if made.payload else {}
         return next_prompt, Carried(handle=next_handle, payload=made.payload)
+
+
+def _glue_function(name: str) -> Any:
+    """omnigen's glue of that name, else the user's function at that dotted path."""
+    try:
+        return resolve_glue(name)
+    except UnknownGlueError as unknown:
+        from vllm.utils.import_utils import resolve_obj_by_qualname
+
+        try:
+            return resolve_obj_by_qualname(name)
+        except (ImportError, AttributeError, ValueError) as exc:
+            raise PipelineError(
+                f"{unknown}\nand {name!r} does not import as a function of your own: {exc}"
+            ) from exc
 
 
 def _edge_glue(plan: ModelPlan, index: int) -> str | None:
