@@ -43,6 +43,9 @@ ENGINE = dict(
     seed=0,
 )
 ENGINES = {"thinker": {**ENGINE, "skip_tokenizer_init": False}, "talker": ENGINE, "code2wav": ENGINE}
+# mp: each engine core still runs in a process of its own, with its one worker inside it (not
+# in a further process): three engine starts fit the module's time budget on two cores.
+MP_ENGINES = {stage: {**kwargs, "distributed_executor_backend": "uni"} for stage, kwargs in ENGINES.items()}
 
 
 @pytest.fixture(scope="module")
@@ -213,7 +216,7 @@ class TestInProcess:
 def multiprocess(env, stage_models):
     from omnigen.serving.pipeline import Pipeline
 
-    pipeline = Pipeline.from_model("omnigen_tiny_omni", stage_models, mode="mp", engine_kwargs=ENGINES)
+    pipeline = Pipeline.from_model("omnigen_tiny_omni", stage_models, mode="mp", engine_kwargs=MP_ENGINES)
     yield pipeline
     pipeline.close()
 
