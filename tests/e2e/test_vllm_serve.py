@@ -51,7 +51,8 @@ def test_one_stage_behind_vllms_own_server(tmp_path):
         server = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=env)
     try:
         base = f"http://127.0.0.1:{port}"
-        deadline = time.monotonic() + 180
+        # Generous: in CI this shares two cores with the other engine runs.
+        deadline = time.monotonic() + 300
         while True:
             assert server.poll() is None, log.read_text()[-3000:]
             assert time.monotonic() < deadline, log.read_text()[-3000:]
@@ -62,7 +63,7 @@ def test_one_stage_behind_vllms_own_server(tmp_path):
                 time.sleep(1)
         codes = [16, 17, 18, 19, 20, 21, 22]
         response = httpx.post(
-            f"{base}/v1/completions", json={"model": model, "prompt": codes, "max_tokens": 1}, timeout=60
+            f"{base}/v1/completions", json={"model": model, "prompt": codes, "max_tokens": 1}, timeout=240
         )
         assert response.status_code == 200, response.text
         payload = stage_payload(response.json()["kv_transfer_params"], required=True)
