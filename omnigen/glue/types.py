@@ -16,6 +16,8 @@ from typing import Any
 
 import torch
 
+from omnigen.runtime.serialization import flatten_payload
+
 
 class GlueError(ValueError):
     """A producer's output cannot become the next stage's input; names the function and request.
@@ -100,18 +102,10 @@ def flat_payload(payload: Mapping[str, Any]) -> dict[str, Any]:
     wins over the nested spelling of the same value, as vllm-omni's functions look the dotted
     key up first.
     """
-    flat: dict[str, Any] = {}
-    nested: dict[str, Any] = {}
-    for key, value in payload.items():
-        if not isinstance(value, Mapping):
-            flat[key] = value
-            continue
-        for qualifier, item in value.items():
-            if key == "hidden_states" and qualifier == "layers" and isinstance(item, Mapping):
-                for layer, tensor in item.items():
-                    nested[f"hidden_states.layer_{layer}"] = tensor
-            else:
-                nested[f"{key}.{qualifier}"] = item
+    flat = {key: value for key, value in payload.items() if not isinstance(value, Mapping)}
+    nested = flatten_payload(
+        {key: dict(value) for key, value in payload.items() if isinstance(value, Mapping)}
+    )
     for key, value in nested.items():
         if flat.get(key) is None:
             flat[key] = value

@@ -13,7 +13,6 @@ shared-memory segment is left, aborts included.
 from __future__ import annotations
 
 import concurrent.futures
-import os
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +21,6 @@ import torch
 
 pytestmark = pytest.mark.e2e
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
 N_TOKENS = 6
 NUM_CODEBOOKS = 4
 HOP = 4
@@ -38,17 +36,6 @@ ENGINE = dict(
     enable_prefix_caching=False,
     seed=0,
 )
-
-
-@pytest.fixture(scope="module")
-def env():
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("VLLM_CPU_KVCACHE_SPACE", "1")
-        mp.setenv("VLLM_USE_V2_MODEL_RUNNER", "0")
-        mp.setenv("VLLM_PLUGINS", "omnigen")
-        root = str(REPO_ROOT)
-        mp.setenv("PYTHONPATH", os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p))
-        yield
 
 
 @pytest.fixture(scope="module")
@@ -114,7 +101,7 @@ def check_released_inproc(pipeline: Any) -> None:
 
 
 @pytest.fixture(scope="module")
-def inproc(env, stage_models):
+def inproc(tiny_engine_env, stage_models):
     from omnigen.serving.pipeline import Pipeline
 
     # The committed config sends the payload through shared memory; this run, inline.
@@ -219,7 +206,7 @@ class TestInProcess:
 
 
 @pytest.fixture(scope="module")
-def multiprocess(env, stage_models):
+def multiprocess(tiny_engine_env, stage_models):
     from omnigen.serving.pipeline import Pipeline
 
     pipeline = Pipeline.from_model(

@@ -15,7 +15,6 @@ segment is left.
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +22,6 @@ import pytest
 
 pytestmark = pytest.mark.e2e
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
 STAGES = ("thinker", "talker", "code2wav")
 N_THINK = 7
 N_TOKENS = 5
@@ -48,17 +46,8 @@ ENGINES = {"thinker": {**ENGINE, "skip_tokenizer_init": False}, "talker": ENGINE
 MP_ENGINES = {stage: {**kwargs, "distributed_executor_backend": "uni"} for stage, kwargs in ENGINES.items()}
 
 
-@pytest.fixture(scope="module")
-def env():
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("VLLM_CPU_KVCACHE_SPACE", "1")
-        mp.setenv("VLLM_USE_V2_MODEL_RUNNER", "0")
-        mp.setenv("VLLM_PLUGINS", "omnigen")
-        # collective_rpc with a function (the talker's record) into an engine-core process.
-        mp.setenv("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")
-        root = str(REPO_ROOT)
-        mp.setenv("PYTHONPATH", os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p))
-        yield
+# collective_rpc with a function (the talker's record) into an engine-core process.
+EXTRA_ENV = {"VLLM_ALLOW_INSECURE_SERIALIZATION": "1"}
 
 
 @pytest.fixture(scope="module")
@@ -172,7 +161,7 @@ def _record(worker: Any) -> dict[str, Any]:
 
 
 @pytest.fixture(scope="class")
-def inproc(env, stage_models):
+def inproc(tiny_engine_env, stage_models):
     from omnigen.serving.pipeline import Pipeline
 
     pipeline = Pipeline.from_model(
@@ -213,7 +202,7 @@ class TestInProcess:
 
 
 @pytest.fixture(scope="class")
-def multiprocess(env, stage_models):
+def multiprocess(tiny_engine_env, stage_models):
     from omnigen.serving.pipeline import Pipeline
 
     pipeline = Pipeline.from_model("omnigen_tiny_omni", stage_models, mode="mp", engine_kwargs=MP_ENGINES)
