@@ -14,7 +14,7 @@ from typing import Any, ClassVar
 
 import torch
 
-from omnigen.runtime import buffers, payloads, step_outputs, transport
+from omnigen.runtime import buffers, payloads, step_outputs, transport, vllm_api
 from omnigen.runtime.outputs import OmniOutput, as_omni_output, restore_flattened_omni_output
 from omnigen.runtime.serialization import deserialize_additional_information, inline_payload
 
@@ -122,9 +122,7 @@ class OmniRunnerBase:
     @staticmethod
     def _split_plain_output(hidden_states: Any) -> tuple[Any, dict[str, Any]]:
         """``(text_hidden, {})`` for a tensor, intermediate tensors, tuple or list; else ValueError."""
-        from omnigen.runtime.vllm_api import IntermediateTensors
-
-        if isinstance(hidden_states, (torch.Tensor, IntermediateTensors)):
+        if isinstance(hidden_states, (torch.Tensor, vllm_api.IntermediateTensors)):
             return hidden_states, {}
         if isinstance(hidden_states, (tuple, list)):
             return hidden_states[0], {}
@@ -176,8 +174,6 @@ class OmniRunnerBase:
         if step is None:
             return output
         self._finish_step(step)
-        from omnigen.runtime import vllm_api
-
         return vllm_api.attach_step_payloads(output, self.published_step_payloads())
 
     def published_step_payloads(self) -> dict[str, dict[str, Any]]:

@@ -731,6 +731,9 @@ class TinyCodePredictorSharedGenerator(TinyCodePredictor):
 class _TinyLlamaStage(nn.Module):
     """Shared trunk: vLLM's LlamaModel + LM head, and the record."""
 
+    STAGE = ""
+    """The ``omnigen_stage`` the HF config must name for this class."""
+
     def __init__(self, *, vllm_config: Any, prefix: str = "") -> None:
         super().__init__()
         from vllm.model_executor.layers.logits_processor import LogitsProcessor
@@ -741,6 +744,10 @@ class _TinyLlamaStage(nn.Module):
         config = vllm_config.model_config.hf_config
         self.config = config
         self.variant = TalkerVariant.from_config(config)
+        if self.variant.stage != self.STAGE:
+            raise ValueError(
+                f"{type(self).__name__} needs omnigen_stage={self.STAGE!r}, got {self.variant.stage!r}"
+            )
         self.omni_record = OmniRecord()
         self.model = LlamaModel(vllm_config=vllm_config, prefix=maybe_prefix(prefix, "model"))
         self.lm_head = ParallelLMHead(
@@ -797,12 +804,7 @@ class _TinyLlamaStage(nn.Module):
 class OmnigenTinyThinker(_TinyLlamaStage):
     """A thinker stage: text from vLLM's sampler, one hidden row per token for the talker."""
 
-    def __init__(self, *, vllm_config: Any, prefix: str = "") -> None:
-        super().__init__(vllm_config=vllm_config, prefix=prefix)
-        if self.variant.stage != "thinker":
-            raise ValueError(
-                f"{type(self).__name__} needs omnigen_stage='thinker', got {self.variant.stage!r}"
-            )
+    STAGE = "thinker"
 
     def forward(
         self,
@@ -821,11 +823,11 @@ class OmnigenTinyThinker(_TinyLlamaStage):
 class OmnigenTinyTalker(_TinyLlamaStage):
     """A talker stage: hooks and code predictor chosen by the config knobs."""
 
+    STAGE = "talker"
+
     def __init__(self, *, vllm_config: Any, prefix: str = "") -> None:
         super().__init__(vllm_config=vllm_config, prefix=prefix)
         v = self.variant
-        if v.stage != "talker":
-            raise ValueError(f"{type(self).__name__} needs omnigen_stage='talker', got {v.stage!r}")
         if v.mtp:
             predictor_cls = (
                 TinyCodePredictor if v.mtp_per_row_generators else TinyCodePredictorSharedGenerator
@@ -958,12 +960,10 @@ class OmnigenTinyTalker(_TinyLlamaStage):
 class OmnigenTinyCode2Wav(_TinyLlamaStage):
     """A generation stage: each scheduled code becomes ``hop_length`` audio samples."""
 
+    STAGE = "code2wav"
+
     def __init__(self, *, vllm_config: Any, prefix: str = "") -> None:
         super().__init__(vllm_config=vllm_config, prefix=prefix)
-        if self.variant.stage != "code2wav":
-            raise ValueError(
-                f"{type(self).__name__} needs omnigen_stage='code2wav', got {self.variant.stage!r}"
-            )
         self.vocoder = nn.Linear(self.config.hidden_size, self.variant.hop_length, bias=True)
 
     def forward(
