@@ -174,10 +174,14 @@ class Pipeline:
 
     def close(self) -> None:
         """Shut every engine down; unlink every payload segment no consumer released."""
-        for runtime in self.stages:
-            _shutdown(runtime)
-        if self.loop is not None:
-            self.loop.call_soon_threadsafe(self.loop.stop)
+        if self.loop is None:
+            for runtime in self.stages:
+                _shutdown(runtime)
+            return
+        # An AsyncLLM belongs to the loop its requests ran in: shut it down there. From another
+        # thread its shutdown leaves the engine-core processes running after this one exits.
+        self.run(_shutdown_all(self.stages)).result(timeout=300)
+        self.loop.call_soon_threadsafe(self.loop.stop)
 
     def __enter__(self) -> Pipeline:
         return self
@@ -449,13 +453,20 @@ def _hf_config(engine: Any) -> Any:
     return getattr(model_config, "hf_config", None)
 
 
+async def _shutdown_all(stages: list[StageRuntime]) -> None:
+    for runtime in stages:
+        _shutdown(runtime)
+
+
 def _shutdown(runtime: StageRuntime) -> None:
     if runtime.transport is not None:
         with contextlib.suppress(Exception):
             runtime.transport.close()
     engine = runtime.engine
-    with contextlib.suppress(Exception):
+    try:
         if hasattr(engine, "shutdown"):
             engine.shutdown()
         else:
             engine.llm_engine.engine_core.shutdown()
+    except Exception:
+        log.exception("stage %r: its engine did not shut down cleanly", runtime.plan.stage)

@@ -73,7 +73,7 @@ def server(tmp_path_factory):
     yield base, log
     process.terminate()
     try:
-        process.wait(30)
+        process.wait(120)  # the server shuts each stage's engine down (about 15 s each)
     except subprocess.TimeoutExpired:
         process.kill()
 
