@@ -116,7 +116,11 @@ async def _stage_states(pipeline: Pipeline) -> dict[str, Any]:
 
 
 def serve(pipeline: Pipeline, settings: Settings) -> None:
-    """Run the server until interrupted."""
+    """Run the server until interrupted.
+
+    On SIGTERM uvicorn shuts the HTTP side down, then raises the signal again under the handler
+    it found: inside ``with pipeline:`` that is the pipeline's, which shuts the engines down.
+    """
     import uvicorn
 
     uvicorn.run(make_app(pipeline, settings), host=settings.host, port=settings.port, log_level="info")

@@ -24,6 +24,7 @@ import concurrent.futures
 import contextlib
 import logging
 import os
+import signal
 import threading
 import time
 import uuid
@@ -98,6 +99,7 @@ class Pipeline:
         self.stages = stages
         self.mode = mode
         self.stage_seconds: dict[str, float] = {s.plan.stage: 0.0 for s in stages}
+        self._previous_sigterm: Any = None
         self.loop: asyncio.AbstractEventLoop | None = None
         """``mp``: the event loop every request runs in (an ``AsyncLLM`` serves one loop), on a
         thread of its own; ``submit`` and ``run`` hand it work from any thread."""
@@ -174,6 +176,7 @@ class Pipeline:
 
     def close(self) -> None:
         """Shut every engine down; unlink every payload segment no consumer released."""
+        log.info("%s: shutting down %d stage engine(s)", self.plan.name, len(self.stages))
         if self.loop is None:
             for runtime in self.stages:
                 _shutdown(runtime)
@@ -184,10 +187,15 @@ class Pipeline:
         self.loop.call_soon_threadsafe(self.loop.stop)
 
     def __enter__(self) -> Pipeline:
+        self._previous_sigterm = _terminate_raises_system_exit()
         return self
 
     def __exit__(self, *exc: Any) -> None:
-        self.close()
+        try:
+            self.close()
+        finally:
+            if self._previous_sigterm is not None:
+                signal.signal(signal.SIGTERM, self._previous_sigterm)
 
     # -- requests ------------------------------------------------------------------------
 
@@ -451,6 +459,23 @@ def _environment(**values: str) -> Iterator[None]:
 def _hf_config(engine: Any) -> Any:
     model_config = getattr(getattr(engine, "llm_engine", engine), "model_config", None)
     return getattr(model_config, "hf_config", None)
+
+
+def _terminate_raises_system_exit() -> Any:
+    """Make SIGTERM unwind the main thread as ``SystemExit``; return the handler it replaced.
+
+    Under Python's default handler SIGTERM kills the process at once: ``with pipeline:`` never
+    closes, and in ``mp`` mode every stage's engine-core process outlives it. ``None`` (nothing
+    changed) off the main thread, where signal handlers cannot be set.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        return None
+
+    def exit_on_terminate(signum: int, frame: Any) -> None:
+        raise SystemExit(128 + signum)
+
+    previous = signal.signal(signal.SIGTERM, exit_on_terminate)
+    return signal.SIG_DFL if previous is None else previous  # None: a handler set outside Python
 
 
 async def _shutdown_all(stages: list[StageRuntime]) -> None:

@@ -70,12 +70,13 @@ def server(tmp_path_factory):
     else:
         process.kill()
         pytest.fail(f"omnigen serve did not come up:\n{log.read_text()[-4000:]}")
-    yield base, log
-    process.terminate()
-    try:
-        process.wait(120)  # the server shuts each stage's engine down (about 15 s each)
-    except subprocess.TimeoutExpired:
-        process.kill()
+    yield base, log, process
+    if process.poll() is None:  # the last test stops it; this is for a run that skipped it
+        process.terminate()
+        try:
+            process.wait(120)  # the server shuts each stage's engine down (about 15 s each)
+        except subprocess.TimeoutExpired:
+            process.kill()
 
 
 def samples_of(wav: bytes) -> int:
@@ -89,7 +90,7 @@ def segments() -> set[str]:
 
 
 def test_the_start_up_says_what_it_waits_for(server):
-    _, log = server
+    _, log, _ = server
     text = log.read_text()
     assert "starting the talker engine (mp)" in text and "code2wav engine ready in" in text
 
@@ -97,7 +98,7 @@ def test_the_start_up_says_what_it_waits_for(server):
 def test_concurrent_requests_get_wav_audio(server):
     import httpx
 
-    base, _ = server
+    base, _, _ = server
 
     async def run() -> list[httpx.Response]:
         async with httpx.AsyncClient(base_url=base, timeout=120) as client:
@@ -114,7 +115,7 @@ def test_concurrent_requests_get_wav_audio(server):
 def test_a_seeded_request_twice_gets_the_same_audio(server):
     import httpx
 
-    base, _ = server
+    base, _, _ = server
     body = {"input": "the same words", "seed": 7}
     first = httpx.post(f"{base}/v1/audio/speech", json=body, timeout=120)
     second = httpx.post(f"{base}/v1/audio/speech", json=body, timeout=120)
@@ -127,7 +128,7 @@ def test_a_seeded_request_twice_gets_the_same_audio(server):
 def test_bad_requests_are_clear_errors(server):
     import httpx
 
-    base, _ = server
+    base, _, _ = server
     assert httpx.post(f"{base}/v1/audio/speech", json={"input": "x", "model": "other"}).status_code == 404
     assert (
         httpx.post(f"{base}/v1/audio/speech", json={"input": "x", "response_format": "mp3"}).status_code
@@ -141,7 +142,7 @@ def test_bad_requests_are_clear_errors(server):
 def test_a_client_that_disconnects_leaves_no_state(server):
     import httpx
 
-    base, log = server
+    base, log, _ = server
     aborted_before = log.read_text().count("client went away: request aborted in every stage")
     before = segments()
     for _ in range(3):
@@ -156,3 +157,20 @@ def test_a_client_that_disconnects_leaves_no_state(server):
     for stage, held in state.items():
         assert all(len(ids) <= 1 for ids in held.values()), (stage, held)
     assert segments() == before
+
+
+def test_sigterm_shuts_every_stage_engine_down(server):
+    """Runs last: a terminated server leaves no engine-core or worker process behind."""
+    import psutil
+
+    _, log, process = server
+    descendants = psutil.Process(process.pid).children(recursive=True)
+    assert len(descendants) >= 2, descendants  # an engine core per stage (and their workers)
+    process.terminate()
+    exit_code = process.wait(120)
+    _, alive = psutil.wait_procs(descendants, timeout=30)
+    for orphan in alive:  # never leave them to fill the machine's memory
+        orphan.kill()
+    assert not alive, [f"{p.pid} {p.name()}" for p in alive]
+    assert exit_code == 128 + 15  # SIGTERM, after the engines were shut down
+    assert "omnigen_tiny: shutting down 2 stage engine(s)" in log.read_text()
