@@ -487,7 +487,9 @@ def _shutdown(runtime: StageRuntime) -> None:
     if runtime.transport is not None:
         with contextlib.suppress(Exception):
             runtime.transport.close()
-    engine = runtime.engine
+    engine, runtime.engine = runtime.engine, None
+    if engine is None:
+        return  # closed before
     try:
         if hasattr(engine, "shutdown"):
             engine.shutdown()
@@ -495,3 +497,6 @@ def _shutdown(runtime: StageRuntime) -> None:
             engine.llm_engine.engine_core.shutdown()
     except Exception:
         log.exception("stage %r: its engine did not shut down cleanly", runtime.plan.stage)
+    # The last reference goes here, while vLLM's modules are whole: AsyncLLM.__del__ shuts down
+    # once more, and at interpreter exit (module globals gone) that printed a TypeError.
+    del engine

@@ -13,6 +13,7 @@ shared-memory segment is left, aborts included.
 from __future__ import annotations
 
 import concurrent.futures
+import os
 from pathlib import Path
 from typing import Any
 
@@ -69,7 +70,8 @@ def sampling(seed: int | None = None) -> dict[str, Any]:
 def segments() -> set[str]:
     from omnigen.runtime.transport import SEGMENT_PREFIX
 
-    return {p.name for p in Path("/dev/shm").glob(f"{SEGMENT_PREFIX}*")}
+    # This process's segments only (the driver names them by its pid): other runs share the machine.
+    return {p.name for p in Path("/dev/shm").glob(f"{SEGMENT_PREFIX}{os.getpid()}-*")}
 
 
 def check_outputs(outs: list[Any], requests: list[dict[str, Any]]) -> None:

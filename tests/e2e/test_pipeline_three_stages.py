@@ -15,6 +15,7 @@ segment is left.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -94,7 +95,8 @@ def sampling() -> dict[str, Any]:
 def segments() -> set[str]:
     from omnigen.runtime.transport import SEGMENT_PREFIX
 
-    return {p.name for p in Path("/dev/shm").glob(f"{SEGMENT_PREFIX}*")}
+    # This process's segments only (the driver names them by its pid): other runs share the machine.
+    return {p.name for p in Path("/dev/shm").glob(f"{SEGMENT_PREFIX}{os.getpid()}-*")}
 
 
 def described(hidden: Any) -> tuple[list[int], float]:

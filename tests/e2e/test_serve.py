@@ -85,8 +85,9 @@ def samples_of(wav: bytes) -> int:
         return audio.getnframes()
 
 
-def segments() -> set[str]:
-    return {p.name for p in Path("/dev/shm").glob("omnigen-*")}
+def segments(server_pid: int) -> set[str]:
+    # The server's segments only (named by its pid): other runs share the machine.
+    return {p.name for p in Path("/dev/shm").glob(f"omnigen-{server_pid}-*")}
 
 
 def test_the_start_up_says_what_it_waits_for(server):
@@ -142,9 +143,9 @@ def test_bad_requests_are_clear_errors(server):
 def test_a_client_that_disconnects_leaves_no_state(server):
     import httpx
 
-    base, log, _ = server
+    base, log, process = server
     aborted_before = log.read_text().count("client went away: request aborted in every stage")
-    before = segments()
+    before = segments(process.pid)
     for _ in range(3):
         with pytest.raises(httpx.TimeoutException):
             # 100 talker tokens take well over 50 ms: the client gives up mid-request.
@@ -156,7 +157,7 @@ def test_a_client_that_disconnects_leaves_no_state(server):
     state = httpx.get(f"{base}/v1/omnigen/state", timeout=30).json()
     for stage, held in state.items():
         assert all(len(ids) <= 1 for ids in held.values()), (stage, held)
-    assert segments() == before
+    assert segments(process.pid) == before
 
 
 def test_sigterm_shuts_every_stage_engine_down(server):
