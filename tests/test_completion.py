@@ -17,6 +17,8 @@ from pathlib import Path
 
 import pytest
 
+from omnigen import paths
+
 BIN = Path(sys.executable).parent
 
 CASES = [
@@ -113,3 +115,15 @@ class _Terminal:
 def test_tab_completes_subcommands_models_groups_keys_and_choices(shell):
     for typed, expected in CASES:
         shell.complete(typed, expected)
+
+
+def test_tab_completes_the_models_of_a_config_dir(shell, tmp_path):
+    own = tmp_path / "myconf"
+    (own / "model").mkdir(parents=True)
+    text = (
+        (paths.conf_dir() / "model" / "qwen3_tts.yaml")
+        .read_text()
+        .replace("name: qwen3_tts", "name: zz_mine")
+    )
+    (own / "model" / "zz_mine.yaml").write_text(text)
+    shell.complete(f"omnigen build -cd {own} model=zz", f"omnigen build -cd {own} model=zz_mine ")
