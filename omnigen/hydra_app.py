@@ -1,73 +1,98 @@
-"""``omnigen build model=NAME ...`` as a Hydra application (overrides, --multirun, --cfg, --help)."""
+"""``omnigen build model=NAME ...``: Hydra's own argument parser, compose, run and multirun.
+
+The ``build`` command hands its command line to Hydra unchanged (``_run_hydra``, what
+``@hydra.main`` calls), so every Hydra flag means what Hydra documents. The task below builds one
+cell; it never raises for a bad config or folder: in a sweep a failed cell is a line of the
+summary (``sweep.py``), in a single run a message and exit status 2.
+"""
 
 from __future__ import annotations
 
-import re
-import sys
+import logging
 from pathlib import Path
 
 import hydra
+from hydra._internal.utils import _run_hydra, get_args_parser
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig
 
-from omnigen import paths, pipeline, render
+from omnigen import building, paths, pipeline, render, sweep, variants
 from omnigen.schema import register_configs
 
+log = logging.getLogger("omnigen.build")
+
 # Overrides that pick what to build or where, not how the runners look.
-_NOT_IN_HEADER = ("model=", "out=")
+_NOT_IN_HEADER = ("model=", "out=", "package=")
 
 
-def run(args: list[str]) -> int:
-    """Run the Hydra app with ``args`` as its command line; returns the exit status."""
+def run(args: list[str], *, into_package: bool = False) -> int:
+    """Run Hydra with ``args`` as its command line; the exit status (a sweep: its failed cells)."""
+    parser = get_args_parser()
+    parsed = parser.parse_args(args)
     register_configs()
-    saved = sys.argv
-    sys.argv = ["omnigen build", *args]
+    sweep.start(into_package=into_package)
     try:
-        _build_task()
+        _run_hydra(
+            args=parsed,
+            args_parser=parser,
+            task_function=build_task,
+            config_path=str(paths.conf_dir()),
+            config_name="config",
+        )
     except SystemExit as exc:
         return exc.code if isinstance(exc.code, int) else 1
-    finally:
-        sys.argv = saved
-    return 0
+    return sweep.finish(multirun=parsed.multirun)
 
 
-def _variant_folder(override_dirname: str) -> str:
-    """A folder name that says which sweep cell it holds, e.g. ``model=qwen3_tts,mtp_graph=unsafe``."""
-    return re.sub(r"[^A-Za-z0-9_.,=+-]", "_", override_dirname) or "default"
-
-
-@hydra.main(version_base="1.3", config_path=str(paths.conf_dir()), config_name="config")
-def _build_task(cfg: DictConfig) -> None:
-    # Errors are raised, never sys.exit: a --multirun sweep reports a failed cell and goes on.
+def build_task(cfg: DictConfig) -> sweep.Cell:
+    """One cell: plan the composed config and write its files; failures become the cell's message."""
     hydra_cfg = HydraConfig.get()
-    overrides = [o for o in hydra_cfg.overrides.task if not o.startswith(_NOT_IN_HEADER)]
-    plan = pipeline.plan_from_config(
-        cfg, hydra_cfg.runtime.choices.get("model"), list(hydra_cfg.overrides.task)
-    )
+    task_overrides = list(hydra_cfg.overrides.task)
     multirun = hydra_cfg.mode == RunMode.MULTIRUN
-    from omnigen import cli
+    cell = sweep.Cell(
+        name=hydra_cfg.job.override_dirname or "default",
+        overrides=[o for o in task_overrides if not o.startswith(("out=", "package="))],
+    )
+    try:
+        cell.root, cell.package = _build(cfg, hydra_cfg, task_overrides, multirun)
+        cell.ok = True
+    except (pipeline.ConfigError, render.RenderError, render.OutputFolderError, variants.VariantError) as exc:
+        cell.message = str(exc)
+        if not multirun:
+            log.error("omnigen build: %s", exc)
+            raise SystemExit(3 if isinstance(exc, render.RenderError) else 2) from None
+    sweep.record(cell, multirun=multirun)
+    return cell
 
+
+def _build(
+    cfg: DictConfig, hydra_cfg: DictConfig, task_overrides: list[str], multirun: bool
+) -> tuple[Path, str]:
+    model = hydra_cfg.runtime.choices.get("model")
+    overrides = [o for o in task_overrides if not o.startswith(_NOT_IN_HEADER)]
+    plan = pipeline.plan_from_config(cfg, model, task_overrides)
     if cfg.out is None:
         if multirun:
             raise pipeline.ConfigError(
                 "--multirun builds one variant per sweep cell: name a folder for them with out=DIR"
             )
-        root = paths.generated_dir()
+        root = building.package_tree(model, into_package=sweep.into_package())
         if overrides:
-            print(
-                f"omnigen: note: overrides {overrides} change the committed generated/{plan.name}; "
-                "`omnigen check` will call it stale until conf/ says the same (or build with out=DIR)"
+            log.warning(
+                "omnigen: note: overrides %s change the committed generated/%s; `omnigen check` will "
+                "call it stale until conf/ says the same (or build with out=DIR)",
+                overrides,
+                plan.name,
             )
     else:
         root = Path(hydra.utils.to_absolute_path(cfg.out))
-        if multirun:
-            root = root / _variant_folder(hydra_cfg.job.override_dirname)
-    try:
-        cli.build_model(plan, overrides, root, include_package_init=True)
-    except render.OutputFolderError as exc:
-        if multirun:
-            raise
-        # A single build refused before it wrote anything: the message, not a traceback.
-        print(f"omnigen build: {exc}", file=sys.stderr)
-        raise SystemExit(2) from exc
+    package = variants.package_for(root, cfg.package)
+    if multirun:
+        sweep.set_sweep_root(root)
+        folder = sweep.cell_folder(hydra_cfg.job.override_dirname)
+        root, package = root / folder, variants.cell_package(package, folder)
+    building.build_model(
+        plan.in_package(package), overrides, root, files_level=logging.DEBUG if multirun else logging.INFO
+    )
+    return root, package

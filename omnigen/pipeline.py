@@ -7,7 +7,7 @@ config error reads the same everywhere: ``conf/model/x.yaml: key: problem; fix``
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
@@ -44,11 +44,12 @@ def check_model_name(model: str, overrides: Sequence[str] = (), *, sweeps_allowe
     if model not in known:
         raise ConfigError(
             f"conf/model/{model}.yaml: no such model config; pick one of: {', '.join(known)}"
-            f"{shape.did_you_mean(model, known)} (or add the file)"
+            f"{shape.did_you_mean(model, known)} (or add the file; a model of your own goes in "
+            f"DIR/model/{model}.yaml with `-cd DIR`, or a folder listed in ${paths.CONFIG_PATH_ENV})"
         )
     source = model_source(model)
     try:
-        node = read_model_file(paths.conf_dir() / "model" / f"{model}.yaml", source)
+        node = read_model_file(paths.model_file(model), source)
         parsed = shape.parse_overrides(overrides)
     except (ConfigFileError, ValueError) as exc:
         raise ConfigError(str(exc)) from exc
@@ -61,9 +62,7 @@ def check_model_name(model: str, overrides: Sequence[str] = (), *, sweeps_allowe
 
 
 def _group_options() -> dict[str, list[str]]:
-    return {
-        group: sorted(p.stem for p in (paths.conf_dir() / group).glob("*.yaml")) for group in shape.GROUPS
-    }
+    return {group: paths.group_options(group) for group in shape.GROUPS}
 
 
 def compose_config(model: str, overrides: Sequence[str] = ()) -> DictConfig:
@@ -75,12 +74,20 @@ def compose_config(model: str, overrides: Sequence[str] = ()) -> DictConfig:
         hydra_state.clear()
     try:
         with initialize_config_dir(config_dir=str(paths.conf_dir()), version_base="1.3"):
-            return compose(config_name="config", overrides=[f"model={model}", *overrides])
+            return compose(
+                config_name="config", overrides=[*search_path_override(), f"model={model}", *overrides]
+            )
     except (HydraException, OmegaConfBaseException) as exc:
         raise ConfigError(_explain_compose_error(model, overrides, exc)) from exc
     finally:
         if GlobalHydra.instance().is_initialized():
             GlobalHydra.instance().clear()
+
+
+def search_path_override() -> list[str]:
+    """The user's config folders for Hydra's compose (``hydra.searchpath``), as ``-cd`` adds them."""
+    extra = paths.extra_config_dirs()
+    return [f"hydra.searchpath=[{','.join(f'file://{d}' for d in extra)}]"] if extra else []
 
 
 def _explain_compose_error(model: str, overrides: Sequence[str], exc: BaseException) -> str:
@@ -135,8 +142,8 @@ def plan_from_config(
 
 def _with_positions(findings: list[Finding], file_stem: str | None, source: str) -> list[Finding]:
     """The findings of the file read, each at the line and column of its key where the file has it."""
-    path = paths.conf_dir() / "model" / f"{file_stem}.yaml"
-    if file_stem is None or not path.is_file():
+    path = paths.model_file(file_stem) if file_stem else None
+    if path is None or not path.is_file():
         return findings
     positions = shape.key_positions(read_model_file(path, source))
     placed = []
@@ -157,15 +164,20 @@ def model_files(
     """
     files = render.model_files(plan, tuple(overrides))
     if package_init:
-        files["__init__.py"] = render.render_package_init(paths.model_names())
+        files["__init__.py"] = render.render_package_init(paths.shipped_model_names())
     return render.finish(files)
 
 
-def all_files() -> dict[str, str]:
-    """The whole committed tree: every model from conf/ without overrides, plus the package init."""
+def all_files(progress: Callable[[int, str], None] | None = None) -> dict[str, str]:
+    """The whole committed tree: every model from conf/ without overrides, plus the package init.
+
+    ``progress(i, name)`` is called as each model is planned.
+    """
     files: dict[str, str] = {}
-    models = paths.model_names()
-    for name in models:
+    models = paths.shipped_model_names()
+    for i, name in enumerate(models):
+        if progress is not None:
+            progress(i, name)
         files.update(render.model_files(model_plan(name)))
     files["__init__.py"] = render.render_package_init(models)
     return render.finish(files)

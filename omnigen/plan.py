@@ -9,6 +9,7 @@ spec matrix that ``tests/spec_matrix.yaml`` holds them to.
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from dataclasses import dataclass, field
 from typing import Any
@@ -89,6 +90,8 @@ class MTPPlan:
 SCHEDULER_CLS = "omnigen.runtime.scheduler.OmniScheduler"
 """vLLM's ``scheduler_cls`` for every omnigen stage: vLLM's scheduler with the output channel
 (8.1). ``OmniAsyncScheduler`` beside it for asynchronous scheduling."""
+COMMITTED_PACKAGE = "omnigen.generated"
+"""The package of the committed tree; a variant built with ``out=DIR`` names its own."""
 
 
 @dataclass(frozen=True)
@@ -224,6 +227,16 @@ class ModelPlan:
     async_chunk: bool
     device: str
     stages: tuple[StagePlan, ...]
+
+    @property
+    def package(self) -> str:
+        """The package the model's folder imports under (``omnigen.generated`` for the committed tree)."""
+        return self.stages[0].module.rsplit(".", 2)[0]
+
+    def in_package(self, package: str) -> ModelPlan:
+        """The same plan with its modules under ``package`` (a variant built with ``out=DIR``)."""
+        stages = tuple(dataclasses.replace(s, module=f"{package}.{self.name}.{s.stage}") for s in self.stages)
+        return dataclasses.replace(self, stages=stages)
 
     def stage(self, name: str) -> StagePlan:
         for stage in self.stages:
@@ -487,7 +500,7 @@ def _plan_stage(
         stage=stage.name,
         order=stage.order,
         source=model.source,
-        module=f"omnigen.generated.{model.name}.{stage.name}",
+        module=f"{COMMITTED_PACKAGE}.{model.name}.{stage.name}",
         runner_class=f"{prefix}Runner",
         worker_class=f"{prefix}Worker",
         device=device.value,

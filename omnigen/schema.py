@@ -437,6 +437,11 @@ class OmniGenConfig:
     out: Optional[str] = None
     """Output directory; null writes the package's ``generated/`` tree. Required with ``--multirun``."""
 
+    package: Optional[str] = None
+    """The dotted name ``out=DIR`` imports as (its serve lines and ``WORKERS`` name it); null: the
+    folder's own name (``out=/x/my_variant`` is ``my_variant``). A stated name must end in the
+    folder's path (``package=acme.variants`` for ``out=/src/acme/variants``)."""
+
     serve: ServeConf = field(default_factory=ServeConf)
     """How ``omnigen run`` and ``omnigen serve`` run the pipeline; not read by ``build``."""
 

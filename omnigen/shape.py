@@ -194,7 +194,7 @@ def check_overrides(
     for override in overrides:
         where = f"override {override.input_line!r}"
         key = override.key_or_group
-        if key == "hydra" or key.startswith("hydra.") or override.type is OverrideType.DEL:
+        if key == "hydra" or key.startswith(("hydra.", "hydra/")) or override.type is OverrideType.DEL:
             continue  # Hydra's own settings, and deletions, are Hydra's to check
         if not key:
             findings.append(Finding(where, "", "has no key; write key=value, e.g. device=cpu"))

@@ -177,7 +177,13 @@ def resolve_mtp_graph(
 
 
 def model_source(name: str) -> str:
-    return f"conf/model/{name}.yaml"
+    """How messages and headers name a model's file: ``conf/model/NAME.yaml`` for omnigen's own,
+    the file's path (relative to the working directory when under it) for one from ``-cd DIR``."""
+    from omnigen import paths
+
+    if paths.is_shipped_model(name) or "/" in name or "\\" in name:
+        return f"conf/model/{name}.yaml"
+    return paths.shown(paths.model_file(name))
 
 
 class _Findings:

@@ -28,6 +28,17 @@ else
   .venv/bin/uv pip install --python .venv/bin/python --compile-bytecode -r requirements/gpu.txt
 fi
 
+# The shells the completion test types into (tests/test_completion.py): on Debian as root, install
+# what is missing; elsewhere the test says it skipped and why.
+if ! command -v zsh >/dev/null || ! command -v tmux >/dev/null; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq zsh tmux) >/dev/null \
+      || echo "omnigen: could not install zsh/tmux; the completion test will skip"
+  else
+    echo "omnigen: zsh or tmux missing; the completion test will skip (install them to run it)"
+  fi
+fi
+
 # omnigen itself, editable: generated/ imports as omnigen.generated from this checkout.
 .venv/bin/uv pip install --python .venv/bin/python --no-deps --no-build-isolation --compile-bytecode -e .
 echo "omnigen: set up in .venv ($variant)"

@@ -22,7 +22,9 @@ def _group_options(group: str) -> list[str]:
 
 def test_every_option_of_every_group_composes():
     groups = sorted(p.name for p in paths.conf_dir().iterdir() if p.is_dir())
-    assert groups == ["device", "graph", "model", "serve"]
+    # hydra/ holds omnigen's options of Hydra's own groups (job_logging, hydra_logging).
+    assert groups == ["device", "graph", "hydra", "model", "serve"]
+    assert sorted(p.name for p in (paths.conf_dir() / "hydra").iterdir()) == ["hydra_logging", "job_logging"]
     for model, device, graph in itertools.product(
         _group_options("model"), _group_options("device"), _group_options("graph")
     ):

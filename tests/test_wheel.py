@@ -28,6 +28,11 @@ GENERATOR_DEPS = (
     "pyyaml",
     "ruff",
     "packaging",
+    "click",
+    "rich",
+    "markdown-it-py",
+    "mdurl",
+    "pygments",
 )
 
 pytestmark = pytest.mark.e2e
@@ -103,10 +108,23 @@ def test_fresh_venv_from_the_wheel_builds_and_checks(wheel, tmp_path):
         check=True,
         capture_output=True,
     )
-    out = tmp_path / "out"
     omnigen = venv / "bin" / "omnigen"
+    # Without out=DIR an installed omnigen never writes into site-packages.
+    site_tree = next((venv / "lib").glob("python3*/site-packages/omnigen/generated"))
+    before = {p: p.read_bytes() for p in site_tree.rglob("*") if p.is_file()}
+    refused = subprocess.run(
+        [str(omnigen), "build", "model=qwen3_omni", "model.stages.talker.mtp.graph=unsafe"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+    )
+    assert refused.returncode == 2, refused.stdout + refused.stderr
+    assert "this omnigen is installed" in refused.stderr and "--into-package" in refused.stderr
+    assert before == {p: p.read_bytes() for p in site_tree.rglob("*") if p.is_file()}
+    # A variant named as the committed package is the committed tree, byte for byte.
+    out = tmp_path / "out" / "omnigen" / "generated"
     result = subprocess.run(
-        [str(omnigen), "build", "model=qwen3_omni", f"out={out}"],
+        [str(omnigen), "build", "model=qwen3_omni", f"out={out}", "package=omnigen.generated"],
         cwd=tmp_path,
         capture_output=True,
         text=True,

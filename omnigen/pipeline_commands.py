@@ -1,0 +1,66 @@
+"""``omnigen run`` / ``omnigen serve``: compose, check, start one engine per stage."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from pathlib import Path
+
+import click
+
+from omnigen import pipeline
+
+log = logging.getLogger("omnigen.serving")
+
+# Overrides that change the generated runners, which the pipeline composes again; the rest
+# (serve.*) only say how to run them.
+_RUNNER_OVERRIDES = ("model.", "+model.", "~model.", "device=", "graph=", "mtp_graph=")
+
+
+def run(command: str, model: str, overrides: Sequence[str]) -> int:
+    from omnigen.serving.pipeline import Pipeline, PipelineError
+    from omnigen.serving.settings import SettingsError, prompt_of, read_settings, sampling_of
+
+    cfg = pipeline.compose_config(model, overrides)
+    plan = pipeline.plan_from_config(cfg, model, overrides)
+    try:
+        settings = read_settings(cfg, plan)
+    except SettingsError as exc:
+        raise click.UsageError(str(exc)) from exc
+    if command == "serve" and settings.mode != "mp":
+        raise click.UsageError("serves requests concurrently with one engine per process: set serve.mode=mp")
+    runner_overrides = [o for o in overrides if o.startswith(_RUNNER_OVERRIDES)]
+    try:
+        pipe = Pipeline.from_model(
+            model,
+            settings.stage_models,
+            mode=settings.mode,
+            engine_kwargs=settings.engine_kwargs,
+            overrides=runner_overrides,
+        )
+    except ValueError as exc:
+        raise click.UsageError(str(exc)) from exc
+    with pipe:
+        if command == "serve":
+            from omnigen.serving.http import serve
+
+            serve(pipe, settings)
+            return 0
+        try:
+            prompt = prompt_of(settings, settings.prompt, settings.prompt_token_ids)
+            (out,) = pipe.generate([prompt], sampling_of(settings, plan, settings.seed))
+        except (PipelineError, SettingsError) as exc:
+            log.error("omnigen run: %s", exc)
+            return 1
+    for stage, text in out.text.items():
+        click.echo(f"{stage}: {text}")
+    if out.audio is not None:
+        from omnigen.serving.audio import wav_bytes
+
+        Path(settings.output).write_bytes(wav_bytes(out.audio, settings.sample_rate))
+        seconds = out.audio.numel() / settings.sample_rate
+        click.echo(
+            f"omnigen run: wrote {settings.output} ({seconds:.3f} s of audio at {settings.sample_rate} Hz)"
+        )
+    click.echo("per stage: " + ", ".join(f"{stage} {s:.3f} s" for stage, s in out.seconds.items()))
+    return 0
