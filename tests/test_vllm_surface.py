@@ -160,6 +160,8 @@ FIELDS: dict[str, tuple[str, ...]] = {
         "kv_connector_output",
     ),
     "vllm.v1.sample.metadata:SamplingMetadata": ("output_token_ids",),
+    # A generation stage's sample_tokens takes the step vLLM's execute_model kept.
+    "vllm.v1.worker.gpu_model_runner:ExecuteModelState": ("scheduler_output",),
     "vllm.forward_context:BatchDescriptor": ("num_tokens", "num_reqs", "uniform"),
     "vllm.v1.engine:EngineCoreOutput": ("request_id", "finish_reason", "kv_transfer_params"),
     "vllm.engine.arg_utils:EngineArgs": ("worker_cls", "scheduler_cls"),
@@ -182,6 +184,7 @@ NAMES = [
     "vllm.v1.worker.gpu_model_runner:AsyncGPUModelRunnerOutput.get_output",
     "vllm.v1.core.sched.async_scheduler:AsyncScheduler",
     "vllm.platforms:current_platform",
+    "vllm.platforms.interface:Platform.is_cpu",
     # Looked up by name when vLLM's workers build their runner (worker.py points them at ours).
     "vllm.v1.worker.gpu_model_runner:GPUModelRunner",
     "vllm.v1.worker.cpu_worker:CPUModelRunner",
@@ -357,3 +360,10 @@ def test_model_config_reads(built_runner):
     for name in ("hf_config", "hf_text_config", "model_arch_config", "get_model_arch_config"):
         assert hasattr(model_config, name), f"vLLM's ModelConfig no longer has {name}"
     assert callable(model_config.hf_config.get_text_config)
+
+
+def test_a_moved_name_is_reported_by_its_name():
+    with pytest.raises(
+        AssertionError, match=r"vLLM moved vllm.v1.worker.gpu_model_runner:GPUModelRunner._dummy_rnu"
+    ):
+        _resolve("vllm.v1.worker.gpu_model_runner:GPUModelRunner._dummy_rnu")
