@@ -25,7 +25,6 @@ import time
 
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 os.environ.setdefault("VLLM_PLUGINS", "omnigen")
-os.environ.setdefault("VLLM_USE_V2_MODEL_RUNNER", "0")
 
 SAMPLE_RATE = 16000
 MAX_TOKENS = 12

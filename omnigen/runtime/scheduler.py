@@ -36,6 +36,8 @@ class OmniOutputMixin:
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
+        # The stage's runner is a V1 runner: schedule for it (SchedulerOutput's V1 shape).
+        vllm_api.keep_v1_model_runner(self)
         self.omni_pending: dict[str, payloads.PendingPayload] = {}
         """Each unfinished request's published rows so far."""
 

@@ -9,11 +9,14 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
+import inspect
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
+from vllm import envs
 from vllm.config import CUDAGraphMode
 from vllm.forward_context import set_forward_context
+from vllm.logger import init_logger
 from vllm.sequence import IntermediateTensors
 from vllm.utils.import_utils import resolve_obj_by_qualname
 from vllm.v1.outputs import EMPTY_MODEL_RUNNER_OUTPUT, ModelRunnerOutput
@@ -28,9 +31,11 @@ __all__ = [
     "apply_stage_model_config",
     "attach_step_payloads",
     "compute_logits_with_sampling_metadata",
+    "dummy_run_forces_eager",
     "full_graph_wrapper_cls",
     "generation_step_output",
     "is_full_graph_wrapped",
+    "keep_v1_model_runner",
     "set_forward_context",
     "step_payloads_of",
 ]
@@ -44,6 +49,20 @@ def full_graph_wrapper_cls() -> type:
     return resolve_obj_by_qualname(current_platform.get_static_graph_wrapper_cls())
 
 
+@functools.cache
+def _dummy_run_signature() -> inspect.Signature:
+    return inspect.signature(GPUModelRunner._dummy_run)
+
+
+def dummy_run_forces_eager(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> bool:
+    """Whether vLLM's ``_dummy_run(num_tokens, *args, **kwargs)`` runs eager: a profile run, or a
+    warm-up with ``cudagraph_runtime_mode=NONE`` (vLLM passes ``force_eager`` for both)."""
+    bound = _dummy_run_signature().bind(None, 0, *args, **kwargs)
+    bound.apply_defaults()
+    arguments = bound.arguments
+    return bool(arguments["is_profile"]) or arguments["cudagraph_runtime_mode"] == CUDAGraphMode.NONE
+
+
 def is_full_graph_wrapped(module: object) -> bool:
     """Whether ``module`` is wrapped in the platform's full-graph wrapper.
 
@@ -54,6 +73,46 @@ def is_full_graph_wrapped(module: object) -> bool:
         return isinstance(module, full_graph_wrapper_cls())
     except TypeError:
         return False
+
+
+logger = init_logger(__name__)
+
+
+# -- vLLM's V1 model runner (the generated runners are V1 runners) ----------------------------
+
+
+def keep_v1_model_runner(owner: Any) -> None:
+    """Make ``owner`` (a vLLM worker or scheduler, after vLLM's ``__init__``) use vLLM's V1 runner.
+
+    vLLM's worker and scheduler each copy ``vllm_config.use_v2_model_runner`` into
+    ``self.use_v2_model_runner`` when they are built and branch on it later: the worker for the
+    runner it constructs, the scheduler for the shape of its ``SchedulerOutput``. The generated
+    runners subclass the V1 ``GPUModelRunner``, so both must take the V1 branches; vLLM picks V2
+    by default where it can (a CUDA machine with Triton). A setting that needs V2 is refused.
+    """
+    if not getattr(owner, "use_v2_model_runner", False):
+        return
+    who = type(owner).__name__
+    vllm_config = owner.vllm_config
+    needs_v2 = [
+        name
+        for name, value in (
+            ("VLLM_USE_V2_MODEL_RUNNER=1", envs.VLLM_USE_V2_MODEL_RUNNER is True),
+            (
+                "attention_config.hisparse_config",
+                getattr(getattr(vllm_config, "attention_config", None), "hisparse_config", None) is not None,
+            ),
+            ("watermark_config", getattr(vllm_config, "watermark_config", None) is not None),
+        )
+        if value
+    ]
+    if needs_v2:
+        raise RuntimeError(
+            f"{who} serves an omnigen runner, which is a vLLM V1 runner, but {', '.join(needs_v2)} "
+            "asks for vLLM's V2 model runner; unset it to serve this stage"
+        )
+    owner.use_v2_model_runner = False
+    logger.info("%s: using vLLM's V1 model runner (the generated runner is a V1 runner)", who)
 
 
 def is_cpu_platform() -> bool:

@@ -19,7 +19,7 @@ from vllm.v1.worker.cpu_model_runner import CPUModelRunner
 from vllm.v1.worker.cpu_worker import CPUWorker
 from vllm.v1.worker.gpu_worker import Worker
 
-from omnigen.runtime.vllm_api import apply_stage_model_config, is_cpu_platform
+from omnigen.runtime.vllm_api import apply_stage_model_config, is_cpu_platform, keep_v1_model_runner
 
 
 @functools.cache
@@ -62,16 +62,16 @@ class _OmniWorker:
     # Where vLLM's worker looks up the runner class it constructs in init_device.
     _RUNNER_LOOKUP: ClassVar[tuple[str, str]]
 
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        # vLLM's worker chose V1 or V2 from its config; it builds the runner in init_device.
+        keep_v1_model_runner(self)
+
     @classmethod
     def built_runner_class(cls) -> type:
         return cls.runner_class
 
     def init_device(self) -> None:
-        if getattr(self, "use_v2_model_runner", False):
-            raise RuntimeError(
-                f"{type(self).__name__} builds a V1 runner ({self.runner_class.__name__}); "
-                "unset VLLM_USE_V2_MODEL_RUNNER to serve it"
-            )
         apply_stage_model_config(
             self.vllm_config.model_config, self.model_config_fields, self.text_config_name
         )

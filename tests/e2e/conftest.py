@@ -15,13 +15,13 @@ def tiny_engine_env(request):
     """vLLM on a small CPU with only omnigen's plugin; a module adds its own in ``EXTRA_ENV``.
 
     - ``VLLM_CPU_KVCACHE_SPACE=1`` (GiB): the default takes minutes and most of the memory;
-    - ``VLLM_USE_V2_MODEL_RUNNER=0``: the generated runners are V1 runners;
+    - no ``VLLM_USE_V2_MODEL_RUNNER``: the generated worker and scheduler choose vLLM's V1 runner;
     - ``VLLM_PLUGINS=omnigen``: vllm-omni (installed as the oracle) ships a plugin that patches vLLM;
     - ``PYTHONPATH``: every process vLLM starts imports omnigen from this checkout.
     """
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("VLLM_CPU_KVCACHE_SPACE", "1")
-        mp.setenv("VLLM_USE_V2_MODEL_RUNNER", "0")
+        mp.delenv("VLLM_USE_V2_MODEL_RUNNER", raising=False)
         mp.setenv("VLLM_PLUGINS", "omnigen")
         root = str(REPO_ROOT)
         mp.setenv("PYTHONPATH", os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p))

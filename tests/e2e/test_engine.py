@@ -65,7 +65,8 @@ def engine_env():
         # in-memory variant modules of omnigen.api resolve as worker_cls.
         mp.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
         mp.setenv("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB; the default takes minutes and ~20 GB
-        mp.setenv("VLLM_USE_V2_MODEL_RUNNER", "0")  # the generated runners subclass the V1 runner
+        # No VLLM_USE_V2_MODEL_RUNNER: the generated worker and scheduler choose the V1 runner.
+        mp.delenv("VLLM_USE_V2_MODEL_RUNNER", raising=False)
         # Only omnigen's plugin: vllm-omni (installed for comparison) ships one too, and it
         # re-registers models and patches vLLM.
         mp.setenv("VLLM_PLUGINS", "omnigen")

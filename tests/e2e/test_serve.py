@@ -40,10 +40,10 @@ def server(tmp_path_factory):
     port = free_port()
     log = tmp_path_factory.mktemp("serve") / "server.log"
     env = {
-        **os.environ,
+        # No VLLM_USE_V2_MODEL_RUNNER: the generated worker and scheduler choose the V1 runner.
+        **{k: v for k, v in os.environ.items() if k != "VLLM_USE_V2_MODEL_RUNNER"},
         "VLLM_CPU_KVCACHE_SPACE": "1",
         "VLLM_PLUGINS": "omnigen",
-        "VLLM_USE_V2_MODEL_RUNNER": "0",
         "PYTHONPATH": str(REPO_ROOT),
     }
     command = [

@@ -33,10 +33,10 @@ def test_one_stage_behind_vllms_own_server(tmp_path):
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
     env = {
-        **os.environ,
+        # No VLLM_USE_V2_MODEL_RUNNER: the generated worker and scheduler choose the V1 runner.
+        **{k: v for k, v in os.environ.items() if k != "VLLM_USE_V2_MODEL_RUNNER"},
         "VLLM_CPU_KVCACHE_SPACE": "1",
         "VLLM_PLUGINS": "omnigen",
-        "VLLM_USE_V2_MODEL_RUNNER": "0",
     }
     env["PYTHONPATH"] = str(REPO_ROOT)
     command = [

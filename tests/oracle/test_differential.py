@@ -58,7 +58,10 @@ from .policy_map import policy_from_plan
 # Found, not imported: importing vllm_omni patches vLLM process-wide, so it happens only when an
 # oracle test runs, and those run in a pytest process of their own (``-m oracle``, scripts/test).
 if importlib.util.find_spec("vllm_omni") is None:
-    pytest.skip("vllm-omni (the comparison oracle) is not installed", allow_module_level=True)
+    pytest.skip(
+        "vllm-omni (the comparison oracle) is not installed: it is tied to vLLM 0.30 (requirements/vllm-0.30)",
+        allow_module_level=True,
+    )
 pytestmark = pytest.mark.oracle
 
 import omnigen.api  # noqa: E402

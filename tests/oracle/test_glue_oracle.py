@@ -34,7 +34,10 @@ import torch
 from omnigen.glue import GLUE, VLLM_OMNI_EQUIVALENTS, GlueError, NextStageInput, StageResult
 
 if importlib.util.find_spec("vllm_omni") is None:
-    pytest.skip("vllm-omni (the comparison oracle) is not installed", allow_module_level=True)
+    pytest.skip(
+        "vllm-omni (the comparison oracle) is not installed: it is tied to vLLM 0.30 (requirements/vllm-0.30)",
+        allow_module_level=True,
+    )
 pytestmark = pytest.mark.oracle
 
 SEEDS = range(24)

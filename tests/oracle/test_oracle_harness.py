@@ -42,7 +42,10 @@ from .harness import (
 # Found, not imported: importing vllm_omni patches vLLM process-wide, so it happens only when an
 # oracle test runs, and those run in a pytest process of their own (``-m oracle``, scripts/test).
 if importlib.util.find_spec("vllm_omni") is None:
-    pytest.skip("vllm-omni (the comparison oracle) is not installed", allow_module_level=True)
+    pytest.skip(
+        "vllm-omni (the comparison oracle) is not installed: it is tied to vLLM 0.30 (requirements/vllm-0.30)",
+        allow_module_level=True,
+    )
 pytestmark = pytest.mark.oracle
 
 NUM_STEPS = 300
