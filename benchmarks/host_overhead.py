@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import cProfile
+import functools
 import pstats
 import statistics
 import sys
@@ -42,6 +43,9 @@ from tests.oracle.dummy_model import HIDDEN, NUM_CODES, DummyTalkerModel, make_m
 from tests.oracle.policy_map import policy_from_plan  # noqa: E402
 
 HOOKS = ("preprocess", "preprocess_decode_batch", "preprocess_batch")
+# This thread's CPU time: on a shared machine the wall clock also counts the time the process
+# waits for a core; the work it does is what is compared (``--clock wall`` for the wall clock).
+_clock = time.thread_time
 BATCHES = (1, 8, 32, 128, 256)
 PREFILL_CHUNK = 8
 """Tokens of a prefill row per mixed step (a chunked prefill of a long prompt)."""
@@ -136,11 +140,11 @@ class _HookClock:
 
     def _timed(self, fn):
         def wrapper(*args, **kwargs):
-            start = time.perf_counter()
+            start = _clock()
             try:
                 return fn(*args, **kwargs)
             finally:
-                self.seconds += time.perf_counter() - start
+                self.seconds += _clock() - start
 
         return wrapper
 
@@ -151,11 +155,11 @@ class _TimedCallable:
         self._clock = clock
 
     def __call__(self, *args, **kwargs):
-        start = time.perf_counter()
+        start = _clock()
         try:
             return self._inner(*args, **kwargs)
         finally:
-            self._clock.seconds += time.perf_counter() - start
+            self._clock.seconds += _clock() - start
 
     def __getattr__(self, name):
         return getattr(self._inner, name)
@@ -257,14 +261,42 @@ def _drive(prep: _Prepared, profiler: cProfile.Profile | None = None) -> tuple[f
         harness._apply_step(runner, prep.state, s)
         if profiler is not None:
             profiler.enable()
-        start = time.perf_counter()
+        start = _clock()
         runner._preprocess(sched, s.num_input_tokens)
-        total += time.perf_counter() - start
+        total += _clock() - start
         if profiler is not None:
             profiler.disable()
     return total, clock.seconds
 
 
+class _NoJournal:
+    """``--ablate journal``: a step journal that keeps nothing (what the all-or-nothing clause costs)."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        pass
+
+    def undo(self) -> None:
+        pass
+
+
+def ablate(names: list[str]) -> None:
+    """Diagnostics only: switch off one runtime mechanism to measure what its clause costs.
+
+    ``journal``: no StepJournal (issue 9's all-or-nothing step); ``owned_copies``: a decode
+    batch's GPU-resident update tensors stored as the hook returned them, not copied (CONTRACT
+    4.1 / buffers.gpu_resident). The runner is then no longer the contract's: never for serving."""
+    from omnigen.runtime import buffers, phases
+
+    for name in names:
+        if name == "journal":
+            phases.StepJournal = _NoJournal
+        elif name == "owned_copies":
+            buffers.owned_copies = lambda tensors: list(tensors)
+        else:
+            raise ValueError(f"--ablate {name}: expected journal or owned_copies")
+
+
+@functools.cache
 def _classes(cell: Cell):
     plan = api.stage_plan(cell.model, cell.stage, list(cell.overrides))
     policy = policy_from_plan(plan, cudagraph=cell.cudagraph)
@@ -328,8 +360,20 @@ def profile(
     return text.getvalue()
 
 
+def steps_for(batch: int, steps: int, min_rows: int) -> int:
+    """At least ``steps`` steps and ``min_rows`` request-steps: a small batch gets more steps, so
+    every figure is a total over enough work to stand above the clock and warm-up effects."""
+    return max(steps, -(-min_rows // batch))
+
+
 def table(
-    cells: list[str], batches: list[int], steps: int, repeats: int, shapes: list[str], hooks: str = "trivial"
+    cells: list[str],
+    batches: list[int],
+    steps: int,
+    repeats: int,
+    shapes: list[str],
+    hooks: str = "trivial",
+    min_rows: int = 0,
 ) -> list[dict]:
     rows = []
     header = (
@@ -342,7 +386,14 @@ def table(
         for shape in shapes:
             found = {}
             for batch in batches:
-                r = measure(cell, batch, steps, repeats, mixed=shape == "mixed", hooks=hooks)
+                r = measure(
+                    cell,
+                    batch,
+                    steps_for(batch, steps, min_rows),
+                    repeats,
+                    mixed=shape == "mixed",
+                    hooks=hooks,
+                )
                 found[batch] = r
                 rows.append({"cell": key, "shape": shape, "batch": batch, **r})
                 print(
@@ -368,22 +419,32 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--batch", type=int, nargs="+", default=list(BATCHES))
     parser.add_argument("--steps", type=int, default=40)
+    parser.add_argument("--min-rows", type=int, default=4096, help="request-steps per figure, at least")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--cells", nargs="+", default=list(CELLS), choices=list(CELLS))
     parser.add_argument("--shapes", nargs="+", default=["decode", "mixed"], choices=["decode", "mixed"])
     parser.add_argument(
-        "--short", action="store_true", help="the CI figure: few steps and repeats; reports, never gates"
+        "--short", action="store_true", help="the CI figure: B 1, 32, 256, few steps; reports, never gates"
     )
     parser.add_argument("--profile", choices=list(CELLS), help="profile one cell at the first --batch")
     parser.add_argument("--runner", choices=["omnigen", "oracle"], default="omnigen")
     parser.add_argument("--hooks", choices=["trivial", "dummy"], default="trivial")
+    parser.add_argument("--clock", choices=["thread", "wall"], default="thread")
+    parser.add_argument(
+        "--ablate", nargs="+", default=[], choices=["journal", "owned_copies"],
+        help="diagnostics: omnigen without one contract mechanism, to measure what it costs",
+    )  # fmt: skip
     args = parser.parse_args()
+    ablate(args.ablate)
+    global _clock
+    _clock = time.thread_time if args.clock == "thread" else time.perf_counter
     if args.profile:
         print(profile(CELLS[args.profile], args.batch[0], args.steps, runner=args.runner, hooks=args.hooks))
         return
     if args.short:
-        args.steps, args.repeats = 6, 3
-    table(args.cells, args.batch, args.steps, args.repeats, args.shapes, args.hooks)
+        args.batch = [b for b in args.batch if b in (1, 32, 256)] or args.batch
+        args.steps, args.repeats, args.min_rows = 4, 3, 256
+    table(args.cells, args.batch, args.steps, args.repeats, args.shapes, args.hooks, args.min_rows)
 
 
 if __name__ == "__main__":

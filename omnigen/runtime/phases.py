@@ -239,8 +239,12 @@ def merge_batch_updates(
     The copies are made before this returns, so the hook that returned the tensors may reuse
     them afterwards. ``row_buffers`` are the buffers ``stamp_batch`` returned for ``req_ids``.
     """
-    gpu_keys = runner.GPU_RESIDENT_KEYS
+    # {type: qualifiers} of the GPU-resident keys: one dict lookup per update entry.
+    gpu_qualifiers: dict[str, set[str]] = {}
+    for kind, qualifier in runner.GPU_RESIDENT_KEYS:
+        gpu_qualifiers.setdefault(kind, set()).add(qualifier)
     requests = runner.requests
+    to_host, keep_on_device = buffers.to_host, buffers.keep_on_device
     pending: dict[tuple[str, str], list[tuple[dict[str, Any], str, torch.Tensor]]] = {}
     for req_id, buffer, update in zip(req_ids, row_buffers, updates, strict=True):
         if not update or not isinstance(update, dict):
@@ -249,20 +253,20 @@ def merge_batch_updates(
         if request is None:
             continue
         for key, value in update.items():
-            if isinstance(value, dict):
-                sub = buffer.get(key)
-                if not isinstance(sub, dict):
-                    sub = buffer[key] = {}
-                for qualifier, item in value.items():
-                    if gpu_keys and (key, qualifier) in gpu_keys:
-                        if isinstance(item, torch.Tensor):
-                            pending.setdefault((key, qualifier), []).append((sub, qualifier, item))
-                        else:
-                            sub[qualifier] = buffers.keep_on_device(item)
-                    else:
-                        sub[qualifier] = buffers.to_host(item)
-            else:
-                buffer[key] = buffers.to_host(value)
+            if type(value) is not dict and not isinstance(value, dict):
+                buffer[key] = to_host(value)
+                continue
+            sub = buffer.get(key)
+            if type(sub) is not dict and not isinstance(sub, dict):
+                sub = buffer[key] = {}
+            on_device = gpu_qualifiers.get(key)
+            for qualifier, item in value.items():
+                if on_device is None or qualifier not in on_device:
+                    sub[qualifier] = to_host(item)
+                elif isinstance(item, torch.Tensor):
+                    pending.setdefault((key, qualifier), []).append((sub, qualifier, item))
+                else:
+                    sub[qualifier] = keep_on_device(item)
         request.additional_information_cpu = buffer
     for entries in pending.values():
         copies = buffers.owned_copies([tensor for _, _, tensor in entries])
@@ -440,24 +444,25 @@ class StepJournal:
 
 def _buffer_contents(
     buffer: dict[str, Any],
-) -> tuple[dict[str, Any], dict[str, Any], dict[str, dict[str, Any]]]:
-    """``(the buffer, its entries, each sub-dict's entries)``: what a merge one level deep can change."""
+) -> tuple[dict[str, Any], dict[str, Any], list[tuple[dict[str, Any], dict[str, Any]]]]:
+    """``(the buffer, its entries, (sub-dict, its entries) pairs)``: what a merge one level deep
+    can change. (This runs for every row of every step: a list, no key lookups.)"""
     return (
         buffer,
         buffer.copy(),
-        {
-            key: value.copy()
-            for key, value in buffer.items()
+        [
+            (value, value.copy())
+            for value in buffer.values()
             if type(value) is dict or isinstance(value, dict)
-        },
+        ],
     )
 
 
 def _restore_buffer(saved: tuple[Any, ...]) -> None:
     buffer, entries, subs = saved
-    for key, sub in subs.items():
-        entries[key].clear()
-        entries[key].update(sub)
+    for sub, contents in subs:
+        sub.clear()
+        sub.update(contents)
     buffer.clear()
     buffer.update(entries)
 
