@@ -58,9 +58,8 @@ def run_job(cfg: DictConfig) -> dict[str, Any]:
         overrides=tuple(cfg.policy.overrides),
         seeded_share=float(cfg.seeded_share),
     )
-    result = host_overhead.measure(
-        cell, int(cfg.batch), int(cfg.steps), int(cfg.repeats), mixed=cfg.shape == "mixed"
-    )
+    steps = host_overhead.steps_for(int(cfg.batch), int(cfg.steps), int(cfg.min_rows))
+    result = host_overhead.measure(cell, int(cfg.batch), steps, int(cfg.repeats), mixed=cfg.shape == "mixed")
     return {
         "config": config_label(cfg),
         "policy": cfg.policy.label,
