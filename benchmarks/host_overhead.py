@@ -1,39 +1,129 @@
-"""Host overhead of a decode step's ``_preprocess``: omnigen's generated runner vs vllm-omni 0.30's.
+"""Host cost of a decode step's ``_preprocess``: omnigen's generated runner vs vllm-omni 0.30's.
 
-Both runners are driven side by side in one process, interleaved, through the same
-steady-state decode steps (every row a single-token decode, the shape of a serving step),
-with the same dummy model (tests/oracle: its hooks are cheap and identical for both). The
-time spent inside the model's hooks is measured and subtracted, so the figure is the
-runner's own bookkeeping per request per step. Reported as ratios: the machines are shared.
+Both runners are driven side by side in one process, interleaved (oracle, omnigen, oracle, ...),
+through the same steady-state steps with the same dummy model (tests/oracle: both runners call
+the same hooks with the same arguments). The time inside the model's hooks and the code
+predictor is measured and reported on its own column; the runner's figure is the rest of
+``_preprocess`` (vLLM's base ``_preprocess`` included, for both), per request per step.
+Medians over repeats; the ratios are the result (the machine is shared).
 
-    .venv/bin/python benchmarks/host_overhead.py [--batch 8 32 64] [--steps 200] [--repeats 5]
+    .venv/bin/python benchmarks/host_overhead.py                 # the full table, B in 1..256
+    .venv/bin/python benchmarks/host_overhead.py --short         # the CI figure (scripts/test)
+    .venv/bin/python benchmarks/host_overhead.py --profile tts_mtp --batch 256   # cProfile, by function
 
-Cells: qwen3_tts (batched decode hook feeding the MTP, the 5-tuple) and qwen3_omni talker
-(per-row hooks, MTP), each with unseeded rows.
+Cells (``CELLS``): batched decode + MTP (qwen3_tts, unseeded and every row seeded), plain
+batched decode (the 3-tuple hook, on the Higgs talker as the differential tests run it),
+per-row hooks + MTP (qwen3_omni talker) and the same with seeded rows (one predictor call per
+seeded row). Each runs as all-decode steps and as a mixed step (every eighth row a prefill chunk
+of ``PREFILL_CHUNK`` tokens, so decode runs are split and per-row hooks run among them).
+The marginal cost is the slope between the two largest batches, in µs per added request.
 """
 
 from __future__ import annotations
 
 import argparse
+import cProfile
+import functools
+import pstats
 import statistics
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+import torch  # noqa: E402
+
 from omnigen import api  # noqa: E402
 from omnigen.runtime import vllm_api  # noqa: E402
 from tests.oracle import harness  # noqa: E402
-from tests.oracle.dummy_model import make_model  # noqa: E402
+from tests.oracle.dummy_model import HIDDEN, NUM_CODES, DummyTalkerModel, make_model  # noqa: E402
 from tests.oracle.policy_map import policy_from_plan  # noqa: E402
 
-CELLS = {
-    "qwen3_tts (batched decode + MTP)": ("qwen3_tts", "qwen3_tts"),
-    "qwen3_omni talker (per-row hooks + MTP)": ("qwen3_omni", "talker"),
-}
 HOOKS = ("preprocess", "preprocess_decode_batch", "preprocess_batch")
+# This thread's CPU time: on a shared machine the wall clock also counts the time the process
+# waits for a core; the work it does is what is compared (``--clock wall`` for the wall clock).
+_clock = time.thread_time
+BATCHES = (1, 8, 32, 128, 256)
+PREFILL_CHUNK = 8
+"""Tokens of a prefill row per mixed step (a chunked prefill of a long prompt)."""
+PREFILL_EVERY = 8
+"""In a mixed step, rows ``PREFILL_EVERY - 1, 2 * PREFILL_EVERY - 1, ...`` are prefill chunks."""
+
+
+@dataclass(frozen=True)
+class Cell:
+    label: str
+    model: str
+    stage: str
+    overrides: tuple[str, ...] = ()
+    seeded_share: float = 0.0
+    """The share of rows whose request carries ``tts_local_seed`` (spread evenly over the batch)."""
+    cudagraph: str = "none"
+
+
+# No shipped stage of vllm-omni 0.30 batches plain decode rows: the 3-tuple path runs on the
+# Higgs talker with the hook on, as tests/oracle/test_differential.py's "plain batch" cell does.
+PLAIN_BATCH = (
+    "model.stages.talker.preprocess.hook=true",
+    "model.stages.talker.preprocess.decode_batch=plain",
+    "model.stages.talker.buffers.refresh_every_step=true",
+)
+CELLS = {
+    "tts_mtp": Cell("batched decode + MTP (qwen3_tts)", "qwen3_tts", "qwen3_tts"),
+    "tts_mtp_seeded": Cell("same, every row seeded", "qwen3_tts", "qwen3_tts", seeded_share=1.0),
+    "plain": Cell("plain batched decode (3-tuple)", "higgs_audio_v3", "talker", PLAIN_BATCH),
+    "omni_talker": Cell("per-row hooks + MTP (qwen3_omni talker)", "qwen3_omni", "talker"),
+    "omni_talker_seeded": Cell(
+        "same, seeded: one predictor call per row", "qwen3_omni", "talker", seeded_share=1.0
+    ),
+}
+
+
+class TrivialHooksModel(DummyTalkerModel):
+    """The dummy model's flags (what the oracle probes) with hooks that cost next to nothing, so
+    the runners' own work is what the benchmark sees: each hook hands back constant rows and one
+    small update per row (``hidden_states.last``, as the Qwen3 talkers write), a decode row its
+    MTP inputs; the predictor returns its input embeddings and constant codes.
+    (``--hooks dummy`` uses the differential tests' model instead: the same figures for the
+    runners, hooks about 50-150 µs a row.)"""
+
+    def __init__(self, flags, *, seed: int = 0) -> None:
+        super().__init__(flags, seed=seed)
+        rows = 4096
+        self._embeds = torch.linspace(0, 1, rows * HIDDEN).reshape(rows, HIDDEN)
+        self._hidden = torch.ones(rows, HIDDEN)
+        self._codes = torch.zeros(rows, NUM_CODES, dtype=torch.int64)
+        if self.flags.mtp:
+            self.talker_mtp = self._predict
+
+    def preprocess(self, input_ids, input_embeds=None, **req_infos):
+        span = int(input_ids.shape[0])
+        embeds = self._embeds[:span]
+        update = {"hidden_states": {"last": embeds[-1:]}}
+        if self.flags.mtp and span == 1 and not req_infos["_omni_is_prefill"]:
+            update["mtp_inputs"] = (self._hidden[0], self._hidden[1])
+        return input_ids, embeds, update
+
+    def _updates(self, count: int) -> list:
+        embeds = self._embeds
+        return [{"hidden_states": {"last": embeds[row : row + 1]}} for row in range(count)]
+
+    def _preprocess_decode_batch_mtp(self, input_ids, req_infos):
+        n = len(req_infos)
+        return input_ids.reshape(-1), self._embeds[:n], self._hidden[:n], self._hidden[:n], self._updates(n)
+
+    def _preprocess_decode_batch_plain(self, input_ids, req_infos):
+        n = len(req_infos)
+        return input_ids.reshape(-1), self._embeds[:n], self._updates(n)
+
+    def _preprocess_batch(self, req_ids, model_intermediate_buffer, device=None) -> None:
+        return None
+
+    def _predict(self, input_ids, inputs_embeds, last_talker_hidden, text_step, **kwargs):
+        return inputs_embeds, self._codes[: int(input_ids.shape[0])]
 
 
 class _HookClock:
@@ -50,11 +140,11 @@ class _HookClock:
 
     def _timed(self, fn):
         def wrapper(*args, **kwargs):
-            start = time.perf_counter()
+            start = _clock()
             try:
                 return fn(*args, **kwargs)
             finally:
-                self.seconds += time.perf_counter() - start
+                self.seconds += _clock() - start
 
         return wrapper
 
@@ -65,31 +155,43 @@ class _TimedCallable:
         self._clock = clock
 
     def __call__(self, *args, **kwargs):
-        start = time.perf_counter()
+        start = _clock()
         try:
             return self._inner(*args, **kwargs)
         finally:
-            self._clock.seconds += time.perf_counter() - start
+            self._clock.seconds += _clock() - start
 
     def __getattr__(self, name):
         return getattr(self._inner, name)
 
 
-def _decode_steps(batch: int, steps: int) -> tuple[harness.Scenario, list[harness.Step]]:
-    """One prefill step for ``batch`` requests, then ``steps`` single-token decode steps."""
-    prompt = (3, 1, 4, 1)
-    requests = {
-        f"r{i}": harness.RequestSpec(
+def _seeded(row: int, share: float) -> bool:
+    """Rows seeded evenly: row ``i`` is seeded when ``floor((i + 1) * share)`` steps up."""
+    return int((row + 1) * share) > int(row * share)
+
+
+def _is_prefill_row(row: int, mixed: bool) -> bool:
+    return mixed and row % PREFILL_EVERY == PREFILL_EVERY - 1
+
+
+def scenario(batch: int, steps: int, *, mixed: bool, seeded_share: float):
+    """One prefill step for ``batch`` requests, then ``steps`` steps of single-token decodes
+    (``mixed``: every ``PREFILL_EVERY``-th row a prefill chunk of a long prompt instead)."""
+    short_prompt = (3, 1, 4, 1)
+    long_prompt = tuple((5 * k) % 89 + 1 for k in range(PREFILL_CHUNK * (steps + 2)))
+    requests = {}
+    for i in range(batch):
+        prompt = long_prompt if _is_prefill_row(i, mixed) else short_prompt
+        seed = 1000 + i if _seeded(i, seeded_share) else None
+        requests[f"r{i}"] = harness.RequestSpec(
             req_id=f"r{i}",
             prompt=prompt,
             outputs=tuple((7 * i + k) % 97 + 1 for k in range(steps + 2)),
             max_tokens=steps + 2,
-            seed_kind="none",
-            tts_seed=None,
+            seed_kind="tts_local_seed" if seed is not None else "none",
+            tts_seed=seed,
             plain_seed=None,
         )
-        for i in range(batch)
-    }
     ids = list(requests)
 
     def step(index: int, rows: list[harness.Row], new: list[str]) -> harness.Step:
@@ -108,69 +210,241 @@ def _decode_steps(batch: int, steps: int) -> tuple[harness.Scenario, list[harnes
             forward_kind="tensor",
         )
 
-    plan = [step(0, [harness.Row(r, 0, len(prompt), len(prompt), 0, "prefill", True) for r in ids], ids)]
+    def first_row(i: int, rid: str) -> harness.Row:
+        plen = len(requests[rid].prompt)
+        span = PREFILL_CHUNK if _is_prefill_row(i, mixed) else plen
+        return harness.Row(rid, 0, span, plen, 0, "prefill", True)
+
+    plan = [step(0, [first_row(i, r) for i, r in enumerate(ids)], ids)]
     for k in range(steps):
-        computed = len(prompt) + k
-        plan.append(
-            step(k + 1, [harness.Row(r, computed, 1, len(prompt), k + 1, "decode1", False) for r in ids], [])
-        )
+        rows = []
+        for i, rid in enumerate(ids):
+            plen = len(requests[rid].prompt)
+            if _is_prefill_row(i, mixed):
+                rows.append(
+                    harness.Row(rid, PREFILL_CHUNK * (k + 1), PREFILL_CHUNK, plen, 0, "prefill", False)
+                )
+            else:
+                rows.append(harness.Row(rid, plen + k, 1, plen, k + 1, "decode1", False))
+        plan.append(step(k + 1, rows, []))
     config = harness.ScenarioConfig(seed=0, payloads=False, local_payloads=False)
     return harness.Scenario(config, requests, plan), plan
 
 
-def _runner(cls, policy, extra_modules):
-    model = make_model(policy.flags, seed=0)
+@dataclass
+class _Prepared:
+    runner: object
+    clock: _HookClock
+    outputs: list
+    state: object
+
+
+def _prepare(cls, policy, extra, scen, plan, hooks: str = "trivial") -> _Prepared:
+    """A fresh runner after its prefill step, and the scheduler outputs of the measured steps."""
+    model = make_model(policy.flags, seed=0) if hooks == "dummy" else TrivialHooksModel(policy.flags, seed=0)
     clock = _HookClock(model)
-    runner = harness.build_runner(cls, model, policy, extra_patch_modules=extra_modules)
-    return runner, clock
+    runner = harness.build_runner(cls, model, policy, extra_patch_modules=extra)
+    state = harness.RunState(scen, policy)
+    sched = harness._apply_step(runner, state, plan[0])
+    runner._preprocess(sched, plan[0].num_input_tokens)
+    outputs = [(s, scen.scheduler_output(s, state.sampling_params)) for s in plan[1:]]
+    return _Prepared(runner, clock, outputs, state)
 
 
-def measure(model_name: str, stage: str, batch: int, steps: int, repeats: int) -> dict[str, float]:
-    harness.MAX_NUM_REQS = max(harness.MAX_NUM_REQS, batch)  # room for the batch in the fake input batch
-    plan = api.stage_plan(model_name, stage)
-    policy = policy_from_plan(plan)
-    ours = api.runner_class(model_name, stage)
-    oracle = harness.oracle_runner_class()
-    extra = (sys.modules[ours.__module__], vllm_api)
-    scenario, steps_plan = _decode_steps(batch, steps)
-    per_request = {"omnigen": [], "oracle": []}
+def _drive(prep: _Prepared, profiler: cProfile.Profile | None = None) -> tuple[float, float]:
+    """``(seconds in _preprocess, seconds of it inside hooks)`` over the prepared steps
+    (``profiler``: enabled around each ``_preprocess`` only)."""
+    runner, clock = prep.runner, prep.clock
+    clock.seconds = 0.0
+    total = 0.0
+    for s, sched in prep.outputs:
+        harness._apply_step(runner, prep.state, s)
+        if profiler is not None:
+            profiler.enable()
+        start = _clock()
+        runner._preprocess(sched, s.num_input_tokens)
+        total += _clock() - start
+        if profiler is not None:
+            profiler.disable()
+    return total, clock.seconds
+
+
+class _NoJournal:
+    """``--ablate journal``: a step journal that keeps nothing (what the all-or-nothing clause costs)."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        pass
+
+    def undo(self) -> None:
+        pass
+
+
+def ablate(names: list[str]) -> None:
+    """Diagnostics only: switch off one runtime mechanism to measure what its clause costs.
+
+    ``journal``: no StepJournal (issue 9's all-or-nothing step); ``owned_copies``: a decode
+    batch's GPU-resident update tensors stored as the hook returned them, not copied (CONTRACT
+    4.1 / buffers.gpu_resident). The runner is then no longer the contract's: never for serving."""
+    from omnigen.runtime import buffers, phases
+
+    for name in names:
+        if name == "journal":
+            phases.StepJournal = _NoJournal
+        elif name == "owned_copies":
+            buffers.owned_copies = lambda tensors: list(tensors)
+        else:
+            raise ValueError(f"--ablate {name}: expected journal or owned_copies")
+
+
+@functools.cache
+def _classes(cell: Cell):
+    plan = api.stage_plan(cell.model, cell.stage, list(cell.overrides))
+    policy = policy_from_plan(plan, cudagraph=cell.cudagraph)
+    ours = api.runner_class(cell.model, cell.stage, list(cell.overrides))
+    return policy, ours, harness.oracle_runner_class(), (sys.modules[ours.__module__], vllm_api)
+
+
+def _room(batch: int, mixed: bool) -> None:
+    """Make the fake input batch and the persistent token buffers big enough for the step."""
+    harness.MAX_NUM_REQS = max(harness.MAX_NUM_REQS, batch)
+    tokens = batch * (PREFILL_CHUNK if mixed else 1) + 8 * batch
+    harness.MAX_NUM_TOKENS = max(harness.MAX_NUM_TOKENS, tokens)
+
+
+def measure(
+    cell: Cell, batch: int, steps: int, repeats: int, *, mixed: bool = False, hooks: str = "trivial"
+) -> dict[str, float]:
+    """µs per request per step for both runners: runner-only (hooks excluded) and hooks."""
+    _room(batch, mixed)
+    policy, ours, oracle, extra = _classes(cell)
+    scen, plan = scenario(batch, steps, mixed=mixed, seeded_share=cell.seeded_share)
+    samples: dict[str, list[tuple[float, float]]] = {"oracle": [], "omnigen": []}
+    per = 1e6 / (steps * batch)
     with harness.harness_patches(extra):
         for _ in range(repeats):
             for name, cls in (("oracle", oracle), ("omnigen", ours)):
-                runner, clock = _runner(cls, policy, extra)
-                state = harness.RunState(scenario, policy)
-                harness._apply_step(runner, state, steps_plan[0])
-                first = steps_plan[0]
-                runner._preprocess(
-                    scenario.scheduler_output(first, state.sampling_params), first.num_input_tokens
+                total, inside = _drive(_prepare(cls, policy, extra, scen, plan, hooks))
+                samples[name].append(((total - inside) * per, inside * per))
+    result: dict[str, float] = {}
+    for name, values in samples.items():
+        result[f"{name}_us"] = statistics.median(v[0] for v in values)
+        result[f"{name}_hook_us"] = statistics.median(v[1] for v in values)
+    result["ratio"] = result["omnigen_us"] / result["oracle_us"]
+    return result
+
+
+def profile(
+    cell: Cell,
+    batch: int,
+    steps: int,
+    *,
+    runner: str,
+    mixed: bool = False,
+    top: int = 25,
+    hooks: str = "trivial",
+) -> str:
+    """cProfile of ``steps`` steps of one runner, by function (tottime), as text."""
+    _room(batch, mixed)
+    policy, ours, oracle, extra = _classes(cell)
+    scen, plan = scenario(batch, steps, mixed=mixed, seeded_share=cell.seeded_share)
+    cls = ours if runner == "omnigen" else oracle
+    with harness.harness_patches(extra):
+        prep = _prepare(cls, policy, extra, scen, plan, hooks)
+        profiler = cProfile.Profile()
+        _drive(prep, profiler)
+    import io
+
+    text = io.StringIO()
+    stats = pstats.Stats(profiler, stream=text).strip_dirs().sort_stats("tottime")
+    stats.print_stats(top)
+    return text.getvalue()
+
+
+def steps_for(batch: int, steps: int, min_rows: int) -> int:
+    """At least ``steps`` steps and ``min_rows`` request-steps: a small batch gets more steps, so
+    every figure is a total over enough work to stand above the clock and warm-up effects."""
+    return max(steps, -(-min_rows // batch))
+
+
+def table(
+    cells: list[str],
+    batches: list[int],
+    steps: int,
+    repeats: int,
+    shapes: list[str],
+    hooks: str = "trivial",
+    min_rows: int = 0,
+) -> list[dict]:
+    rows = []
+    header = (
+        f"{'cell':42} {'shape':6} {'B':>4} {'oracle':>8} {'omnigen':>8} {'ratio':>6}"
+        f" {'hooks(o)':>9} {'hooks(g)':>9}   µs/request/step; hooks timed apart"
+    )
+    print(header, flush=True)
+    for key in cells:
+        cell = CELLS[key]
+        for shape in shapes:
+            found = {}
+            for batch in batches:
+                r = measure(
+                    cell,
+                    batch,
+                    steps_for(batch, steps, min_rows),
+                    repeats,
+                    mixed=shape == "mixed",
+                    hooks=hooks,
                 )
-                outputs = [(s, scenario.scheduler_output(s, state.sampling_params)) for s in steps_plan[1:]]
-                clock.seconds = 0.0
-                total = 0.0
-                for s, sched in outputs:
-                    harness._apply_step(runner, state, s)
-                    start = time.perf_counter()
-                    runner._preprocess(sched, s.num_input_tokens)
-                    total += time.perf_counter() - start
-                per_request[name].append((total - clock.seconds) / (steps * batch) * 1e6)
-    oracle_us = statistics.median(per_request["oracle"])
-    ours_us = statistics.median(per_request["omnigen"])
-    return {"oracle_us": oracle_us, "omnigen_us": ours_us, "ratio": ours_us / oracle_us}
+                found[batch] = r
+                rows.append({"cell": key, "shape": shape, "batch": batch, **r})
+                print(
+                    f"{cell.label:42} {shape:6} {batch:>4} {r['oracle_us']:>8.2f} {r['omnigen_us']:>8.2f}"
+                    f" {r['ratio']:>6.3f} {r['oracle_hook_us']:>9.2f} {r['omnigen_hook_us']:>9.2f}",
+                    flush=True,
+                )
+            big = sorted(found)[-2:]
+            if len(big) == 2:
+                lo, hi = big
+                for name in ("oracle", "omnigen"):
+                    slope = (found[hi][f"{name}_us"] * hi - found[lo][f"{name}_us"] * lo) / (hi - lo)
+                    rows[-1][f"{name}_marginal_us"] = slope
+                print(
+                    f"{'':42} {'':6} marginal µs/request B {lo}->{hi}: oracle "
+                    f"{rows[-1]['oracle_marginal_us']:.2f}, omnigen {rows[-1]['omnigen_marginal_us']:.2f}",
+                    flush=True,
+                )
+    return rows
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--batch", type=int, nargs="+", default=[8, 32, 64])
-    parser.add_argument("--steps", type=int, default=100)
+    parser.add_argument("--batch", type=int, nargs="+", default=list(BATCHES))
+    parser.add_argument("--steps", type=int, default=40)
+    parser.add_argument("--min-rows", type=int, default=4096, help="request-steps per figure, at least")
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--cells", nargs="+", default=list(CELLS), choices=list(CELLS))
+    parser.add_argument("--shapes", nargs="+", default=["decode", "mixed"], choices=["decode", "mixed"])
+    parser.add_argument(
+        "--short", action="store_true", help="the CI figure: B 1, 32, 256, few steps; reports, never gates"
+    )
+    parser.add_argument("--profile", choices=list(CELLS), help="profile one cell at the first --batch")
+    parser.add_argument("--runner", choices=["omnigen", "oracle"], default="omnigen")
+    parser.add_argument("--hooks", choices=["trivial", "dummy"], default="trivial")
+    parser.add_argument("--clock", choices=["thread", "wall"], default="thread")
+    parser.add_argument(
+        "--ablate", nargs="+", default=[], choices=["journal", "owned_copies"],
+        help="diagnostics: omnigen without one contract mechanism, to measure what it costs",
+    )  # fmt: skip
     args = parser.parse_args()
-    print(f"{'cell':44} {'B':>3} {'oracle µs/req':>14} {'omnigen µs/req':>15} {'omnigen/oracle':>15}")
-    for label, (model_name, stage) in CELLS.items():
-        for batch in args.batch:
-            r = measure(model_name, stage, batch, args.steps, args.repeats)
-            print(
-                f"{label:44} {batch:>3} {r['oracle_us']:>14.1f} {r['omnigen_us']:>15.1f} {r['ratio']:>15.2f}"
-            )
+    ablate(args.ablate)
+    global _clock
+    _clock = time.thread_time if args.clock == "thread" else time.perf_counter
+    if args.profile:
+        print(profile(CELLS[args.profile], args.batch[0], args.steps, runner=args.runner, hooks=args.hooks))
+        return
+    if args.short:
+        args.batch = [b for b in args.batch if b in (1, 32, 256)] or args.batch
+        args.steps, args.repeats, args.min_rows = 4, 3, 256
+    table(args.cells, args.batch, args.steps, args.repeats, args.shapes, args.hooks, args.min_rows)
 
 
 if __name__ == "__main__":

@@ -170,7 +170,6 @@ class FishSpeechSlowArRunner(OmniRunnerBase, vllm_api.GPUModelRunner):
         )
         if rows.num_rows == 0:
             return
-        keys = phases.runner_keys(rows)
         # A raising hook or a bad hook output leaves every buffer, mirror and input as it was.
         journal = phases.StepJournal(
             self,
@@ -184,20 +183,21 @@ class FishSpeechSlowArRunner(OmniRunnerBase, vllm_api.GPUModelRunner):
             self.text_step.gpu[: rows.num_rows],
         )
         try:
-            self._hook_rows(rows, keys, input_ids, inputs_embeds)
+            self._hook_rows(rows, input_ids, inputs_embeds)
         except BaseException:
             journal.undo()
             raise
 
-    def _hook_rows(
-        self, rows: Any, keys: list[dict[str, Any]], input_ids: torch.Tensor, inputs_embeds: torch.Tensor
-    ) -> None:
+    def _hook_rows(self, rows: Any, input_ids: torch.Tensor, inputs_embeds: torch.Tensor) -> None:
         """Each row through the model's hooks, in batch order (3.1-3.5)."""
         # mtp.enabled: the MTP rows are gathered and written back by offset, so offsets out of
         # bounds or shared by two rows fail before any hook runs (3.5).
         phases.check_mtp_offsets(rows, int(input_ids.shape[0]))
         # Every row's tokens lie within the step, or no hook runs (3.5).
         phases.check_row_bounds(rows, int(input_ids.shape[0]))
+        width = inputs_embeds.shape[1]
+        mtp_width = self.last_talker_hidden.gpu.shape[1]
+        single_decode = rows.single_decode.tolist()
         mtp_req_ids: list[str] = []
         mtp_offsets: list[int] = []
         mtp_ids: list[torch.Tensor] = []
@@ -207,9 +207,9 @@ class FishSpeechSlowArRunner(OmniRunnerBase, vllm_api.GPUModelRunner):
         for row in range(rows.num_rows):
             req_id = rows.req_ids[row]
             infos = self._request_buffer(req_id)
-            infos.update(keys[row])
-            start = int(rows.offsets[row])
-            end = start + int(rows.spans[row])
+            phases.stamp(infos, rows.keys[row])
+            start = rows.starts[row]
+            end = rows.ends[row]
             try:
                 out = self.model.preprocess(
                     input_ids=input_ids[start:end], input_embeds=inputs_embeds[start:end], **infos
@@ -217,32 +217,42 @@ class FishSpeechSlowArRunner(OmniRunnerBase, vllm_api.GPUModelRunner):
             except Exception as exc:
                 phases.note_hook_failure(exc, "preprocess", [req_id])
                 raise
-            mtp_width = self.last_talker_hidden.gpu.shape[1] if rows.single_decode[row] else None
-            # The result is checked (arity, count, width, dtype, types) before anything is written (3.5).
-            ids_out, embeds_out, update = phases.row_output(
-                req_id, out, end - start, inputs_embeds.shape[1], mtp_width
-            )
-            if rows.single_decode[row]:
-                # mtp.enabled: a single-token decode row feeds the talker MTP (3.2).
+            if single_decode[row]:
+                # The result is checked (arity, count, width, dtype, types) before anything is written (3.5).
+                ids_out, embeds_out, update = phases.row_output(req_id, out, end - start, width, mtp_width)
+                # mtp.enabled: a single-token decode row feeds the talker MTP (3.2); its ids are written with
+                # the other MTP rows' after the loop and its embedding is the predictor's (2.3), unless rows
+                # share tokens: then a later row's hook reads what this row writes, in row order.
+                if not rows.disjoint:
+                    inputs_embeds[start:end] = embeds_out
+                    input_ids[start:end] = ids_out.reshape(-1)
                 last_hidden, text_step = update.pop("mtp_inputs")
-                mtp_ids.append(ids_out.reshape(-1))
+                mtp_ids.append(ids_out)
                 mtp_embeds.append(embeds_out)
-                # One row each; a model may hand back its row as a 1-D hidden vector (Qwen3-Omni's talker).
-                mtp_hidden.append(last_hidden.reshape(1, -1))
-                mtp_text.append(text_step.reshape(1, -1))
+                mtp_hidden.append(last_hidden)
+                mtp_text.append(text_step)
                 mtp_req_ids.append(req_id)
                 mtp_offsets.append(start)
+                self._update_intermediate_buffer(req_id, update)
+                continue
+            # The result is checked (arity, count, width, dtype, types) before anything is written (3.5).
+            ids_out, embeds_out, update = phases.row_output(req_id, out, end - start, width)
             self._update_intermediate_buffer(req_id, update)
             inputs_embeds[start:end] = embeds_out
             if ids_out is not None:
                 input_ids[start:end] = ids_out.reshape(-1)
         if mtp_req_ids:
-            # The MTP rows run once, after every row's hook, in row order (3.4).
+            # The MTP rows run once, after every row's hook, in row order (3.4): their inputs are
+            # staged in the first rows of the four buffers, one copy each.
             count = len(mtp_req_ids)
-            self.talker_mtp_input_ids.gpu[:count].copy_(torch.cat(mtp_ids))
-            self.talker_mtp_inputs_embeds.gpu[:count].copy_(torch.cat(mtp_embeds))
-            self.last_talker_hidden.gpu[:count].copy_(torch.cat(mtp_hidden))
-            self.text_step.gpu[:count].copy_(torch.cat(mtp_text))
+            ids = mtp.flat_ids(mtp_ids)
+            self.talker_mtp_input_ids.gpu[:count].copy_(ids)
+            self.talker_mtp_inputs_embeds.gpu[:count].copy_(mtp.stack_rows(mtp_embeds, width))
+            self.last_talker_hidden.gpu[:count].copy_(mtp.stack_rows(mtp_hidden, mtp_width))
+            self.text_step.gpu[:count].copy_(mtp.stack_rows(mtp_text, mtp_width))
+            if rows.disjoint:
+                # The per-row MTP rows' ids, in one write.
+                mtp.scatter_rows(input_ids, mtp_offsets, ids.to(input_ids.dtype))
             self._talker_mtp_forward(mtp_req_ids, inputs_embeds, mtp_offsets)
 
     def _talker_mtp_forward(
@@ -274,7 +284,7 @@ class FishSpeechSlowArRunner(OmniRunnerBase, vllm_api.GPUModelRunner):
         seeded = any(generator is not None for generator in generators)
         if seeded and batch > 1:
             # mtp.per_row_generators=never: one generator is one stream, so seeded rows run alone.
-            self._talker_mtp_forward_row_by_row(req_ids, inputs_embeds, start_offsets)
+            self._talker_mtp_forward_row_by_row(req_ids, generators, inputs_embeds, start_offsets)
             return
         kwargs = mtp.sampling_kwargs(self.vllm_config.model_config, self.MTP_SAMPLING_DEFAULTS)
         if seeded:
@@ -304,10 +314,32 @@ class FishSpeechSlowArRunner(OmniRunnerBase, vllm_api.GPUModelRunner):
         mtp.store_code_rows(self, req_ids, rows, self.MTP_OUTPUT_KEY)
 
     def _talker_mtp_forward_row_by_row(
-        self, req_ids: list[str], inputs_embeds: torch.Tensor, start_offsets: list[int] | None
+        self,
+        req_ids: list[str],
+        generators: list[Any],
+        inputs_embeds: torch.Tensor,
+        start_offsets: list[int] | None,
     ) -> None:
-        """One predictor call per row, each from slot 0; the four buffers end as they began."""
+        """One predictor call per row, each from slot 0; the four buffers end as they began.
+
+        Only the call is per row: the one-row batch-execution query, the sampling kwargs and the
+        forward context are set up once, and each row's embedding and codes are copied out of
+        the predictor's outputs (a graph replay rewrites them) and written back together.
+        """
         batch = len(req_ids)
+        mode, batch_descriptor, *_ = self._determine_batch_execution_and_padding(
+            num_tokens=1,
+            num_reqs=1,
+            num_scheduled_tokens_np=np.ones(1, dtype=np.int32),
+            max_num_scheduled_tokens=1,
+            use_cascade_attn=False,
+        )
+        # mtp.graph=safe: a wrapped predictor replays the captured size for one row; an unwrapped one runs eager.
+        if vllm_api.is_full_graph_wrapped(self.talker_mtp):
+            padded = batch_descriptor.num_tokens
+        else:
+            mode, padded = vllm_api.CUDAGraphMode.NONE, 1
+        kwargs = mtp.sampling_kwargs(self.vllm_config.model_config, self.MTP_SAMPLING_DEFAULTS)
         mtp_buffers = (
             self.talker_mtp_input_ids,
             self.talker_mtp_inputs_embeds,
@@ -315,15 +347,48 @@ class FishSpeechSlowArRunner(OmniRunnerBase, vllm_api.GPUModelRunner):
             self.text_step,
         )
         staged = [buffer.gpu[:batch].clone() for buffer in mtp_buffers]
+        inputs = [buffer.gpu[:padded] for buffer in mtp_buffers]
+        slots = [buffer.gpu[:1] for buffer in mtp_buffers]
+        embeds_rows = inputs_embeds.new_empty((batch, inputs_embeds.shape[1]))
+        codes_rows: torch.Tensor | None = None
+        with_codes: list[int] = []
         try:
-            for row, req_id in enumerate(req_ids):
-                for buffer, saved in zip(mtp_buffers, staged, strict=True):
-                    buffer.gpu[:1].copy_(saved[row : row + 1])
-                offsets = None if start_offsets is None else [start_offsets[row]]
-                self._talker_mtp_forward([req_id], inputs_embeds, offsets)
+            with vllm_api.set_forward_context(
+                None, self.vllm_config, cudagraph_runtime_mode=mode, batch_descriptor=batch_descriptor
+            ):
+                for row, generator in enumerate(generators):
+                    for slot, saved in zip(slots, staged, strict=True):
+                        slot.copy_(saved[row : row + 1])
+                    # An unseeded row gets no generator argument, as a one-row batch does.
+                    row_kwargs = kwargs if generator is None else {**kwargs, "generator": generator}
+                    embeds_out, codes = self.talker_mtp(*inputs, **row_kwargs)
+                    embeds_rows[row].copy_(embeds_out[0])
+                    if codes is None:
+                        continue
+                    if codes_rows is None:
+                        codes_rows = codes.new_empty((batch, *codes.shape[1:]))
+                    codes_rows[row].copy_(codes[0])
+                    with_codes.append(row)
         finally:
             for buffer, saved in zip(mtp_buffers, staged, strict=True):
                 buffer.gpu[:batch].copy_(saved)
+        if start_offsets is None:
+            index_of = self.input_batch.req_id_to_index
+            start_offsets = [int(self.query_start_loc.cpu[index_of[req_id]]) for req_id in req_ids]
+        mtp.scatter_rows(inputs_embeds, start_offsets, embeds_rows)
+        if codes_rows is None:
+            return
+        # mtp.output_key codes.audio is not GPU-resident: one host copy, a row view per request.
+        rows = codes_rows.to("cpu").split(1)
+        if len(with_codes) == batch:
+            mtp.store_code_rows(self, req_ids, rows, self.MTP_OUTPUT_KEY)
+        else:
+            mtp.store_code_rows(
+                self,
+                [req_ids[row] for row in with_codes],
+                [rows[row] for row in with_codes],
+                self.MTP_OUTPUT_KEY,
+            )
 
     def _should_accumulate_full_payload_output(self) -> bool:
         """Whether this stage keeps a full payload to send at request end (5.2)."""

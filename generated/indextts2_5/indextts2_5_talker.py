@@ -108,27 +108,25 @@ class Indextts25Indextts25TalkerRunner(OmniRunnerBase, vllm_api.GPUModelRunner):
         )
         if rows.num_rows == 0:
             return
-        keys = phases.runner_keys(rows)
         # A raising hook or a bad hook output leaves every buffer, mirror and input as it was.
         journal = phases.StepJournal(self, rows.req_ids, input_ids, inputs_embeds)
         try:
-            self._hook_rows(rows, keys, input_ids, inputs_embeds)
+            self._hook_rows(rows, input_ids, inputs_embeds)
         except BaseException:
             journal.undo()
             raise
 
-    def _hook_rows(
-        self, rows: Any, keys: list[dict[str, Any]], input_ids: torch.Tensor, inputs_embeds: torch.Tensor
-    ) -> None:
+    def _hook_rows(self, rows: Any, input_ids: torch.Tensor, inputs_embeds: torch.Tensor) -> None:
         """Each row through the model's hooks, in batch order (3.1-3.5)."""
         # Every row's tokens lie within the step, or no hook runs (3.5).
         phases.check_row_bounds(rows, int(input_ids.shape[0]))
+        width = inputs_embeds.shape[1]
         for row in range(rows.num_rows):
             req_id = rows.req_ids[row]
             infos = self._request_buffer(req_id)
-            infos.update(keys[row])
-            start = int(rows.offsets[row])
-            end = start + int(rows.spans[row])
+            phases.stamp(infos, rows.keys[row])
+            start = rows.starts[row]
+            end = rows.ends[row]
             try:
                 out = self.model.preprocess(
                     input_ids=input_ids[start:end], input_embeds=inputs_embeds[start:end], **infos
@@ -137,7 +135,7 @@ class Indextts25Indextts25TalkerRunner(OmniRunnerBase, vllm_api.GPUModelRunner):
                 phases.note_hook_failure(exc, "preprocess", [req_id])
                 raise
             # The result is checked (arity, count, width, dtype, types) before anything is written (3.5).
-            ids_out, embeds_out, update = phases.row_output(req_id, out, end - start, inputs_embeds.shape[1])
+            ids_out, embeds_out, update = phases.row_output(req_id, out, end - start, width)
             self._update_intermediate_buffer(req_id, update)
             inputs_embeds[start:end] = embeds_out
             if ids_out is not None:

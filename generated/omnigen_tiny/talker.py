@@ -167,7 +167,6 @@ class OmnigenTinyTalkerRunner(OmniRunnerBase, vllm_api.GPUModelRunner):
         )
         if rows.num_rows == 0:
             return
-        keys = phases.runner_keys(rows)
         # A raising hook or a bad hook output leaves every buffer, mirror and input as it was.
         journal = phases.StepJournal(
             self,
@@ -181,14 +180,12 @@ class OmnigenTinyTalkerRunner(OmniRunnerBase, vllm_api.GPUModelRunner):
             self.text_step.gpu[: rows.num_rows],
         )
         try:
-            self._hook_rows(rows, keys, input_ids, inputs_embeds)
+            self._hook_rows(rows, input_ids, inputs_embeds)
         except BaseException:
             journal.undo()
             raise
 
-    def _hook_rows(
-        self, rows: Any, keys: list[dict[str, Any]], input_ids: torch.Tensor, inputs_embeds: torch.Tensor
-    ) -> None:
+    def _hook_rows(self, rows: Any, input_ids: torch.Tensor, inputs_embeds: torch.Tensor) -> None:
         """Each row through the model's hooks, in batch order (3.1-3.5)."""
         # preprocess.decode_batch=mtp: adjacent single-token decode rows share one hook call
         # that also returns their MTP inputs.
@@ -198,6 +195,8 @@ class OmnigenTinyTalkerRunner(OmniRunnerBase, vllm_api.GPUModelRunner):
         phases.check_mtp_offsets(rows, int(input_ids.shape[0]))
         # Every row's tokens lie within the step, or no hook runs (3.5).
         phases.check_row_bounds(rows, int(input_ids.shape[0]))
+        width = inputs_embeds.shape[1]
+        mtp_width = self.last_talker_hidden.gpu.shape[1]
         mtp_req_ids: list[str] = []
         mtp_offsets: list[int] = []
         mtp_ids: list[torch.Tensor] = []
@@ -209,9 +208,9 @@ class OmnigenTinyTalkerRunner(OmniRunnerBase, vllm_api.GPUModelRunner):
                 row = first
                 req_id = rows.req_ids[row]
                 infos = self._request_buffer(req_id)
-                infos.update(keys[row])
-                start = int(rows.offsets[row])
-                end = start + int(rows.spans[row])
+                phases.stamp(infos, rows.keys[row])
+                start = rows.starts[row]
+                end = rows.ends[row]
                 try:
                     out = self.model.preprocess(
                         input_ids=input_ids[start:end], input_embeds=inputs_embeds[start:end], **infos
@@ -220,47 +219,57 @@ class OmnigenTinyTalkerRunner(OmniRunnerBase, vllm_api.GPUModelRunner):
                     phases.note_hook_failure(exc, "preprocess", [req_id])
                     raise
                 # The result is checked (arity, count, width, dtype, types) before anything is written (3.5).
-                ids_out, embeds_out, update = phases.row_output(
-                    req_id, out, end - start, inputs_embeds.shape[1]
-                )
+                ids_out, embeds_out, update = phases.row_output(req_id, out, end - start, width)
                 self._update_intermediate_buffer(req_id, update)
                 inputs_embeds[start:end] = embeds_out
                 if ids_out is not None:
                     input_ids[start:end] = ids_out.reshape(-1)
                 continue
             req_ids = rows.req_ids[first:last]
-            infos = phases.stamp_batch(self, req_ids, keys[first:last])
-            offsets = rows.offsets[first:last].tolist()
-            index = torch.tensor(offsets, dtype=torch.long).to(input_ids.device, non_blocking=True)
+            infos = phases.stamp_batch(self, req_ids, rows.keys[first:last])
+            offsets = rows.starts[first:last]
+            # Adjacent rows of single-token decodes are usually adjacent tokens too: then the ids and
+            # embeddings are read and written as one slice, else gathered and scattered by offset.
+            start = offsets[0]
+            contiguous = offsets == list(range(start, start + len(offsets)))
+            if contiguous:
+                ids_in = input_ids[start : start + len(offsets)].clone()
+            else:
+                index = torch.tensor(offsets, dtype=torch.long).to(input_ids.device, non_blocking=True)
+                ids_in = input_ids.index_select(0, index)
             try:
-                out = self.model.preprocess_decode_batch(
-                    input_ids=input_ids.index_select(0, index), req_infos=infos
-                )
+                out = self.model.preprocess_decode_batch(input_ids=ids_in, req_infos=infos)
             except Exception as exc:
                 phases.note_hook_failure(exc, "preprocess_decode_batch", req_ids)
                 raise
             # One id, embedding, MTP hidden pair and update per row, of the right widths and dtypes,
             # before any write (3.5).
             ids_out, embeds_out, last_hidden, text_step, updates = phases.batch_output(
-                req_ids, out, inputs_embeds.shape[1], self.last_talker_hidden.gpu.shape[1]
+                req_ids, out, width, mtp_width
             )
-            inputs_embeds.index_copy_(0, index, embeds_out)
-            input_ids.index_copy_(0, index, ids_out.reshape(-1).to(input_ids.dtype))
+            if contiguous:
+                inputs_embeds[start : start + len(offsets)].copy_(embeds_out)
+                input_ids[start : start + len(offsets)].copy_(ids_out.reshape(-1))
+            else:
+                inputs_embeds.index_copy_(0, index, embeds_out)
+                input_ids.index_copy_(0, index, ids_out.reshape(-1).to(input_ids.dtype))
             mtp_ids.append(ids_out.reshape(-1))
             mtp_embeds.append(embeds_out)
             mtp_hidden.append(last_hidden)
             mtp_text.append(text_step)
             mtp_req_ids.extend(req_ids)
             mtp_offsets.extend(offsets)
-            for req_id, update in zip(req_ids, updates, strict=True):
-                self._update_intermediate_buffer(req_id, update)
+            # Each row's update merges into its buffer (4.1), the device copies in one operation.
+            phases.merge_batch_updates(self, req_ids, infos, updates)
         if mtp_req_ids:
-            # The MTP rows run once, after every row's hook, in row order (3.4).
+            # The MTP rows run once, after every row's hook, in row order (3.4): their inputs are
+            # staged in the first rows of the four buffers, one copy each.
             count = len(mtp_req_ids)
-            self.talker_mtp_input_ids.gpu[:count].copy_(torch.cat(mtp_ids))
-            self.talker_mtp_inputs_embeds.gpu[:count].copy_(torch.cat(mtp_embeds))
-            self.last_talker_hidden.gpu[:count].copy_(torch.cat(mtp_hidden))
-            self.text_step.gpu[:count].copy_(torch.cat(mtp_text))
+            ids = mtp.flat_ids(mtp_ids)
+            self.talker_mtp_input_ids.gpu[:count].copy_(ids)
+            self.talker_mtp_inputs_embeds.gpu[:count].copy_(mtp.stack_rows(mtp_embeds, width))
+            self.last_talker_hidden.gpu[:count].copy_(mtp.stack_rows(mtp_hidden, mtp_width))
+            self.text_step.gpu[:count].copy_(mtp.stack_rows(mtp_text, mtp_width))
             self._talker_mtp_forward(mtp_req_ids, inputs_embeds, mtp_offsets)
 
     def _talker_mtp_forward(
@@ -293,7 +302,7 @@ class OmnigenTinyTalkerRunner(OmniRunnerBase, vllm_api.GPUModelRunner):
         if seeded and batch > 1 and graph_wrapped:
             # mtp.per_row_generators=eager_only: a graph-wrapped predictor takes one generator,
             # so seeded rows run alone.
-            self._talker_mtp_forward_row_by_row(req_ids, inputs_embeds, start_offsets)
+            self._talker_mtp_forward_row_by_row(req_ids, generators, inputs_embeds, start_offsets)
             return
         kwargs = mtp.sampling_kwargs(self.vllm_config.model_config, self.MTP_SAMPLING_DEFAULTS)
         if seeded:
@@ -323,10 +332,32 @@ class OmnigenTinyTalkerRunner(OmniRunnerBase, vllm_api.GPUModelRunner):
         mtp.store_code_rows(self, req_ids, rows, self.MTP_OUTPUT_KEY)
 
     def _talker_mtp_forward_row_by_row(
-        self, req_ids: list[str], inputs_embeds: torch.Tensor, start_offsets: list[int] | None
+        self,
+        req_ids: list[str],
+        generators: list[Any],
+        inputs_embeds: torch.Tensor,
+        start_offsets: list[int] | None,
     ) -> None:
-        """One predictor call per row, each from slot 0; the four buffers end as they began."""
+        """One predictor call per row, each from slot 0; the four buffers end as they began.
+
+        Only the call is per row: the one-row batch-execution query, the sampling kwargs and the
+        forward context are set up once, and each row's embedding and codes are copied out of
+        the predictor's outputs (a graph replay rewrites them) and written back together.
+        """
         batch = len(req_ids)
+        mode, batch_descriptor, *_ = self._determine_batch_execution_and_padding(
+            num_tokens=1,
+            num_reqs=1,
+            num_scheduled_tokens_np=np.ones(1, dtype=np.int32),
+            max_num_scheduled_tokens=1,
+            use_cascade_attn=False,
+        )
+        # mtp.graph=safe: a wrapped predictor replays the captured size for one row; an unwrapped one runs eager.
+        if vllm_api.is_full_graph_wrapped(self.talker_mtp):
+            padded = batch_descriptor.num_tokens
+        else:
+            mode, padded = vllm_api.CUDAGraphMode.NONE, 1
+        kwargs = mtp.sampling_kwargs(self.vllm_config.model_config, self.MTP_SAMPLING_DEFAULTS)
         mtp_buffers = (
             self.talker_mtp_input_ids,
             self.talker_mtp_inputs_embeds,
@@ -334,15 +365,48 @@ class OmnigenTinyTalkerRunner(OmniRunnerBase, vllm_api.GPUModelRunner):
             self.text_step,
         )
         staged = [buffer.gpu[:batch].clone() for buffer in mtp_buffers]
+        inputs = [buffer.gpu[:padded] for buffer in mtp_buffers]
+        slots = [buffer.gpu[:1] for buffer in mtp_buffers]
+        embeds_rows = inputs_embeds.new_empty((batch, inputs_embeds.shape[1]))
+        codes_rows: torch.Tensor | None = None
+        with_codes: list[int] = []
         try:
-            for row, req_id in enumerate(req_ids):
-                for buffer, saved in zip(mtp_buffers, staged, strict=True):
-                    buffer.gpu[:1].copy_(saved[row : row + 1])
-                offsets = None if start_offsets is None else [start_offsets[row]]
-                self._talker_mtp_forward([req_id], inputs_embeds, offsets)
+            with vllm_api.set_forward_context(
+                None, self.vllm_config, cudagraph_runtime_mode=mode, batch_descriptor=batch_descriptor
+            ):
+                for row, generator in enumerate(generators):
+                    for slot, saved in zip(slots, staged, strict=True):
+                        slot.copy_(saved[row : row + 1])
+                    # An unseeded row gets no generator argument, as a one-row batch does.
+                    row_kwargs = kwargs if generator is None else {**kwargs, "generator": generator}
+                    embeds_out, codes = self.talker_mtp(*inputs, **row_kwargs)
+                    embeds_rows[row].copy_(embeds_out[0])
+                    if codes is None:
+                        continue
+                    if codes_rows is None:
+                        codes_rows = codes.new_empty((batch, *codes.shape[1:]))
+                    codes_rows[row].copy_(codes[0])
+                    with_codes.append(row)
         finally:
             for buffer, saved in zip(mtp_buffers, staged, strict=True):
                 buffer.gpu[:batch].copy_(saved)
+        if start_offsets is None:
+            index_of = self.input_batch.req_id_to_index
+            start_offsets = [int(self.query_start_loc.cpu[index_of[req_id]]) for req_id in req_ids]
+        mtp.scatter_rows(inputs_embeds, start_offsets, embeds_rows)
+        if codes_rows is None:
+            return
+        # mtp.output_key codes.audio is not GPU-resident: one host copy, a row view per request.
+        rows = codes_rows.to("cpu").split(1)
+        if len(with_codes) == batch:
+            mtp.store_code_rows(self, req_ids, rows, self.MTP_OUTPUT_KEY)
+        else:
+            mtp.store_code_rows(
+                self,
+                [req_ids[row] for row in with_codes],
+                [rows[row] for row in with_codes],
+                self.MTP_OUTPUT_KEY,
+            )
 
     def _should_accumulate_full_payload_output(self) -> bool:
         """Whether this stage keeps a full payload to send at request end (5.2)."""

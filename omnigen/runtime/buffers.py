@@ -17,18 +17,41 @@ REPLACE_MARKER = "replace_runtime_additional_information"
 RUNNER_META_KEYS = ("num_processed_tokens", "resumable")
 
 
-def _to_host(value: Any) -> Any:
+def to_host(value: Any) -> Any:
+    """A buffer value as the buffer keeps it when its key is not GPU-resident: tensors on the host."""
     if isinstance(value, torch.Tensor):
         t = value.detach()
         return t.to("cpu").contiguous() if t.device.type != "cpu" else t.contiguous()
     if isinstance(value, list):
-        return [_to_host(item) if isinstance(item, torch.Tensor) else item for item in value]
+        return [to_host(item) if isinstance(item, torch.Tensor) else item for item in value]
     return value
 
 
-def _keep_on_device(value: Any) -> Any:
-    # An owned copy: a graph replay must not rewrite what the buffer holds.
-    return value.detach().clone() if isinstance(value, torch.Tensor) else _to_host(value)
+def keep_on_device(value: Any) -> Any:
+    """A GPU-resident key's value: an owned copy of a tensor (a graph replay must not rewrite what
+    the buffer holds), anything else as ``to_host`` keeps it."""
+    return value.detach().clone() if isinstance(value, torch.Tensor) else to_host(value)
+
+
+def owned_copies(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
+    """``[keep_on_device(t) for t in tensors]``, in one device copy when the tensors can be joined
+    (same dtype, device and trailing shape, at least one dimension, no autograd): the copies are
+    then views of one new tensor, so no copy aliases its source and none aliases another."""
+    if len(tensors) > 1:
+        first = tensors[0]
+        dtype, device, tail = first.dtype, first.device, first.shape[1:]
+        if first.dim() >= 1 and all(
+            t.dtype == dtype
+            and t.device == device
+            and t.dim() >= 1
+            and t.shape[1:] == tail
+            and not t.requires_grad
+            for t in tensors
+        ):
+            sizes = [int(t.shape[0]) for t in tensors]
+            joined = torch.cat(tensors)
+            return list(joined.split(1) if sizes.count(1) == len(sizes) else joined.split(sizes))
+    return [t.detach().clone() for t in tensors]
 
 
 def merge_update(buffer: dict[str, Any], update: dict[str, Any], gpu_keys: GpuKeys) -> None:
@@ -44,11 +67,11 @@ def merge_update(buffer: dict[str, Any], update: dict[str, Any], gpu_keys: GpuKe
                 sub = buffer[key] = {}
             for qualifier, item in value.items():
                 if gpu_keys and (key, qualifier) in gpu_keys:
-                    sub[qualifier] = _keep_on_device(item)
+                    sub[qualifier] = keep_on_device(item)
                 else:
-                    sub[qualifier] = _to_host(item)
+                    sub[qualifier] = to_host(item)
         else:
-            buffer[key] = _to_host(value)
+            buffer[key] = to_host(value)
 
 
 def is_replace_marker(payload: Any) -> bool:

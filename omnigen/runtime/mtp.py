@@ -41,10 +41,13 @@ def row_generators(
     """
     generators: list[torch.Generator | None] = []
     for req_id in req_ids:
-        seed = explicit_seed(requests[req_id])
+        # explicit_seed, inlined: this runs for every MTP row of every step.
+        extra = getattr(getattr(requests[req_id], "sampling_params", None), "extra_args", None)
+        seed = extra.get(SEED_KEY) if type(extra) is dict or isinstance(extra, dict) else None
         if seed is None:
             generators.append(None)
             continue
+        seed = int(seed)
         generator = cache.get(req_id)
         if generator is None or generator.device != device:
             generator = torch.Generator(device=device)
@@ -88,13 +91,37 @@ def store_code_rows(
     GPU-resident key), so they are stored as they are: no per-row copy or merge.
     """
     kind, qualifier = output_key
+    requests = runner.requests
+    existing = runner.model_intermediate_buffer
     for req_id, row in zip(req_ids, rows, strict=True):
-        request = runner.requests.get(req_id)
+        request = requests.get(req_id)
         if request is None:
             continue
-        buffer = runner._request_buffer(req_id)
+        buffer = existing.get(req_id)
+        if buffer is None:
+            buffer = runner._request_buffer(req_id)
         sub = buffer.get(kind)
-        if not isinstance(sub, dict):
+        if type(sub) is not dict and not isinstance(sub, dict):
             sub = buffer[kind] = {}
         sub[qualifier] = row
         request.additional_information_cpu = buffer
+
+
+def stack_rows(tensors: list[torch.Tensor], width: int) -> torch.Tensor:
+    """The step's MTP inputs (one entry per per-row hook row, one per decode batch) as one
+    ``(rows, width)`` tensor, in one device operation when every entry is a 1-D vector or every
+    entry a ``(rows, width)`` block (a model may hand back either: Qwen3-Omni's talker returns
+    1-D hidden vectors); anything else is reshaped row by row first."""
+    first = tensors[0]
+    if first.dim() == 2 and all(t.dim() == 2 and t.shape[1] == width for t in tensors):
+        return first if len(tensors) == 1 else torch.cat(tensors)
+    if first.dim() == 1 and all(t.dim() == 1 and t.shape[0] == width for t in tensors):
+        return torch.stack(tensors)
+    return torch.cat([t.reshape(-1, width) for t in tensors])
+
+
+def flat_ids(tensors: list[torch.Tensor]) -> torch.Tensor:
+    """The step's MTP ids (one entry per hook call) as one 1-D tensor."""
+    if all(t.dim() == 1 for t in tensors):
+        return tensors[0] if len(tensors) == 1 else torch.cat(tensors)
+    return torch.cat([t.reshape(-1) for t in tensors])

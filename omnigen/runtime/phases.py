@@ -14,6 +14,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from omnigen.runtime import buffers
+
 CONTIGUITY_ERROR = "Non-MTP batched decode preprocessing requires contiguous in-bounds token offsets"
 MTP_OFFSETS_ERROR = "Talker-MTP decode rows require distinct in-bounds token offsets"
 ROW_BOUNDS_ERROR = "Preprocessing requires every row's tokens within the step"
@@ -35,6 +37,15 @@ class RowPhases:
     """``computed < prompt_len``: a 5-token prompt scheduled 4 + 1 is prefill at computed=4."""
     single_decode: np.ndarray
     """Span 1 and not prefill: the rows a talker MTP or a decode batch takes."""
+    keys: list[tuple[str, int, int, bool]]
+    """Each row's ``RUNNER_KEYS`` values as plain Python values (3.1), converted once per step."""
+    starts: list[int]
+    """``offsets`` as Python ints (the per-row loops slice with them)."""
+    ends: list[int]
+    """``offsets + spans`` as Python ints."""
+    disjoint: bool
+    """No two rows share a token slot. (Rows may overlap: a later row's hook then reads what an
+    earlier row wrote, so writes are deferred only when this is true.)"""
 
     @property
     def num_rows(self) -> int:
@@ -48,10 +59,16 @@ def read_row_phases(
     req_ids = list(input_batch.req_ids)
     n = len(req_ids)
     offsets = np.asarray(query_start_loc.np[:n], dtype=np.int64)
-    spans = np.fromiter((num_scheduled_tokens[r] for r in req_ids), dtype=np.int64, count=n)
+    spans = np.fromiter(map(num_scheduled_tokens.__getitem__, req_ids), dtype=np.int64, count=n)
     prompt_lens = np.asarray(input_batch.num_prompt_tokens[:n], dtype=np.int64)
     computed = np.asarray(input_batch.num_computed_tokens_cpu[:n], dtype=np.int64)
     is_prefill = computed < prompt_lens
+    ends = offsets + spans
+    if n < 2 or (offsets[1:] >= ends[:-1]).all():
+        disjoint = True
+    else:
+        order = np.argsort(offsets, kind="stable")
+        disjoint = bool((offsets[order][1:] >= ends[order][:-1]).all())
     return RowPhases(
         req_ids=req_ids,
         offsets=offsets,
@@ -60,6 +77,10 @@ def read_row_phases(
         computed=computed,
         is_prefill=is_prefill,
         single_decode=(spans == 1) & ~is_prefill,
+        keys=list(zip(req_ids, prompt_lens.tolist(), computed.tolist(), is_prefill.tolist(), strict=True)),
+        starts=offsets.tolist(),
+        ends=ends.tolist(),
+        disjoint=disjoint,
     )
 
 
@@ -67,15 +88,19 @@ RUNNER_KEYS = ("request_id", "_omni_prompt_len", "_omni_num_computed_tokens", "_
 """The keys the runner owns in each row's buffer (3.1)."""
 
 
+def stamp(buffer: dict[str, Any], key: tuple[str, int, int, bool]) -> None:
+    """Write one row's ``RUNNER_KEYS`` (``RowPhases.keys[row]``) into its buffer (3.1)."""
+    (
+        buffer["request_id"],
+        buffer["_omni_prompt_len"],
+        buffer["_omni_num_computed_tokens"],
+        buffer["_omni_is_prefill"],
+    ) = key
+
+
 def runner_keys(phases: RowPhases) -> list[dict[str, Any]]:
-    """Each row's ``RUNNER_KEYS``, as plain Python values (3.1)."""
-    columns = (
-        phases.req_ids,
-        phases.prompt_lens.tolist(),
-        phases.computed.tolist(),
-        phases.is_prefill.tolist(),
-    )
-    return [dict(zip(RUNNER_KEYS, row, strict=True)) for row in zip(*columns, strict=True)]
+    """Each row's ``RUNNER_KEYS`` as a dict (3.1)."""
+    return [dict(zip(RUNNER_KEYS, key, strict=True)) for key in phases.keys]
 
 
 def segments(batchable: np.ndarray) -> list[tuple[int, int, bool]]:
@@ -176,16 +201,25 @@ _ABSENT = object()
 
 
 def stamp_batch(
-    runner: Any, req_ids: list[str], keys: list[dict[str, Any]], *, attach_request_features: bool = False
+    runner: Any,
+    req_ids: list[str],
+    keys: list[tuple[str, int, int, bool]],
+    *,
+    attach_request_features: bool = False,
 ) -> list[dict[str, Any]]:
     """Write the runner keys of a decode batch's rows into their buffers (3.1); what the batch
     hook sees: the requests' buffers, created where missing (``runner._request_buffer``), or, with
     ``attach_request_features``, the copies ``runner._attach_request_features`` makes. (A failure
     later in the step is undone by the step's ``StepJournal``.)
     """
-    own = [runner._request_buffer(req_id) for req_id in req_ids]
-    for row_infos, row_keys in zip(own, keys, strict=True):
-        row_infos.update(row_keys)
+    existing = runner.model_intermediate_buffer
+    own = []
+    for req_id, key in zip(req_ids, keys, strict=True):
+        buffer = existing.get(req_id)
+        if buffer is None:
+            buffer = runner._request_buffer(req_id)
+        stamp(buffer, key)
+        own.append(buffer)
     if not attach_request_features:
         return own
     # The copies carry the runner keys written into the buffers above (3.1, 3.8).
@@ -193,6 +227,51 @@ def stamp_batch(
         runner._attach_request_features(runner.requests.get(req_id), row_infos, req_id)
         for req_id, row_infos in zip(req_ids, own, strict=True)
     ]
+
+
+def merge_batch_updates(
+    runner: Any, req_ids: list[str], row_buffers: list[dict[str, Any]], updates: Any
+) -> None:
+    """Merge a decode batch's updates into its rows' buffers, as ``runner._update_intermediate_buffer``
+    does row by row (4.1: one level deep, tensors to the host unless GPU-resident, the mirror
+    set), with the GPU-resident tensors of all rows copied in one device operation per key.
+
+    The copies are made before this returns, so the hook that returned the tensors may reuse
+    them afterwards. ``row_buffers`` are the buffers ``stamp_batch`` returned for ``req_ids``.
+    """
+    # {type: qualifiers} of the GPU-resident keys: one dict lookup per update entry.
+    gpu_qualifiers: dict[str, set[str]] = {}
+    for kind, qualifier in runner.GPU_RESIDENT_KEYS:
+        gpu_qualifiers.setdefault(kind, set()).add(qualifier)
+    requests = runner.requests
+    to_host, keep_on_device = buffers.to_host, buffers.keep_on_device
+    pending: dict[tuple[str, str], list[tuple[dict[str, Any], str, torch.Tensor]]] = {}
+    for req_id, buffer, update in zip(req_ids, row_buffers, updates, strict=True):
+        if not update or not isinstance(update, dict):
+            continue
+        request = requests.get(req_id)
+        if request is None:
+            continue
+        for key, value in update.items():
+            if type(value) is not dict and not isinstance(value, dict):
+                buffer[key] = to_host(value)
+                continue
+            sub = buffer.get(key)
+            if type(sub) is not dict and not isinstance(sub, dict):
+                sub = buffer[key] = {}
+            on_device = gpu_qualifiers.get(key)
+            for qualifier, item in value.items():
+                if on_device is None or qualifier not in on_device:
+                    sub[qualifier] = to_host(item)
+                elif isinstance(item, torch.Tensor):
+                    pending.setdefault((key, qualifier), []).append((sub, qualifier, item))
+                else:
+                    sub[qualifier] = keep_on_device(item)
+        request.additional_information_cpu = buffer
+    for entries in pending.values():
+        copies = buffers.owned_copies([tensor for _, _, tensor in entries])
+        for (sub, qualifier, _), copy in zip(entries, copies, strict=True):
+            sub[qualifier] = copy
 
 
 _INTEGER_DTYPES = frozenset(
@@ -365,20 +444,25 @@ class StepJournal:
 
 def _buffer_contents(
     buffer: dict[str, Any],
-) -> tuple[dict[str, Any], dict[str, Any], dict[str, dict[str, Any]]]:
-    """``(the buffer, its entries, each sub-dict's entries)``: what a merge one level deep can change."""
+) -> tuple[dict[str, Any], dict[str, Any], list[tuple[dict[str, Any], dict[str, Any]]]]:
+    """``(the buffer, its entries, (sub-dict, its entries) pairs)``: what a merge one level deep
+    can change. (This runs for every row of every step: a list, no key lookups.)"""
     return (
         buffer,
-        dict(buffer),
-        {key: dict(value) for key, value in buffer.items() if isinstance(value, dict)},
+        buffer.copy(),
+        [
+            (value, value.copy())
+            for value in buffer.values()
+            if type(value) is dict or isinstance(value, dict)
+        ],
     )
 
 
 def _restore_buffer(saved: tuple[Any, ...]) -> None:
     buffer, entries, subs = saved
-    for key, sub in subs.items():
-        entries[key].clear()
-        entries[key].update(sub)
+    for sub, contents in subs:
+        sub.clear()
+        sub.update(contents)
     buffer.clear()
     buffer.update(entries)
 

@@ -125,6 +125,11 @@ DELIBERATE_DIFFERENCES: dict[str, str] = {
         "mapping, 2.3: a batched seeded MTP call gets generator=None next to generators=[...] from "
         "omnigen; the oracle passes only generators"
     ),
+    "per_row_mtp_setup_once": (
+        "mapping, 2.3: in the one-predictor-call-per-row fallback omnigen asks for the one-row "
+        "batch execution once and enters one forward context around all the rows' calls; the "
+        "oracle asks and enters once per row (the calls, their inputs, generators and outputs agree)"
+    ),
     "finish_decode_step_forward": (
         "mapping, 1.2: a stage declaring has_finish_decode_step gets model.finish_decode_step_forward() "
         "after the forward from omnigen; the oracle never calls it"
@@ -259,6 +264,36 @@ def _drop_call_kwargs(side: dict[str, Any], hooks: tuple[str, ...], names: tuple
     for call in side["calls"]:
         if call["hook"] in hooks and any(name in call["kwargs"] for name in names):
             call["kwargs"] = [k for k in call["kwargs"] if k not in names]
+            changed = True
+    return changed
+
+
+def per_row_mtp_setup_once(oracle: dict[str, Any], ours: dict[str, Any]) -> bool:
+    """The oracle's repeated one-row set-up in the per-row MTP fallback, collapsed to one.
+
+    What: when seeded rows must run the predictor one call each, the oracle recurses into its
+    ``_talker_mtp_forward`` per row, so each row asks ``_determine_batch_execution_and_padding``
+    for a one-row batch and enters its own forward context; omnigen asks once and runs every
+    row's call inside one context (issue 12: only the call itself is per row).
+    Why: CONTRACT 2.3 requires one predictor call per seeded row, with that row from slot 0 and
+    its own generator; it says nothing of how often the step's constant set-up is repeated.
+    Contract: 2.3. Applied to the oracle's side only, and only to runs of identical one-row
+    entries (``num_tokens == 1`` queries, contexts of one padded token): any other repetition,
+    and any difference in the queries or contexts themselves, still fails.
+    """
+    changed = False
+    for field, one_row in (
+        ("batch_padding_calls", lambda entry: entry.get("num_tokens") == 1 and entry.get("num_reqs") == 1),
+        ("forward_contexts", lambda entry: entry[1] == 1),
+    ):
+        entries = oracle[field]
+        kept = [
+            entry
+            for index, entry in enumerate(entries)
+            if not (index and one_row(entry) and entry == entries[index - 1])
+        ]
+        if len(kept) != len(entries):
+            oracle[field] = kept
             changed = True
     return changed
 
@@ -407,6 +442,7 @@ MAPPINGS: dict[str, Callable[[dict[str, Any], dict[str, Any]], bool]] = {
         runner_keys_in_created_buffer,
         runner_keys_beside_attached_features,
         generator_none_with_generators,
+        per_row_mtp_setup_once,
         finish_decode_step_forward,
         contiguity_checked_before_hooks,
     )
@@ -738,6 +774,8 @@ def cell_mappings(cell: Cell) -> tuple[str, ...]:
             names.append("runner_keys_in_created_buffer")
     if plan.mtp is not None and plan.mtp.per_row_generators in ("always", "eager_only"):
         names.append("generator_none_with_generators")
+    if plan.mtp is not None and plan.mtp.per_row_generators != "always":
+        names.append("per_row_mtp_setup_once")
     if plan.decode_step_metadata:
         if not plan.query_start_loc:
             names.append("oracle_decode_metadata_query_start_loc")
@@ -950,6 +988,7 @@ NEEDED_IN = {
     "runner_keys_beside_attached_features": "mimo_audio/fused_thinker_talker[mm]",
     "batch_hook_sees_created_buffer": "qwen3_tts/qwen3_tts[eager]",
     "generator_none_with_generators": "qwen3_tts/qwen3_tts[eager]",
+    "per_row_mtp_setup_once": "qwen3_omni/talker[auto,full]",
     "finish_decode_step_forward": "higgs_audio_v3/finish_decode_step=on",
     "contiguity_checked_before_hooks": "higgs_audio_v3/talker[bad offsets]",
     "eager_only_per_row_generators": "qwen3_tts/qwen3_tts[full]",
