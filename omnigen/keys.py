@@ -15,6 +15,7 @@ from typing import Any
 from omegaconf import MISSING
 
 from omnigen import schema
+from omnigen.shape import unwrap_optional
 
 
 @dataclasses.dataclass(frozen=True)
@@ -39,17 +40,8 @@ class Key:
         }
 
 
-def _unwrap(hint: Any) -> tuple[Any, bool]:
-    """``Optional[X]`` -> (X, True)."""
-    args = typing.get_args(hint)
-    if typing.get_origin(hint) is typing.Union and type(None) in args:
-        rest = [a for a in args if a is not type(None)]
-        return rest[0], True
-    return hint, False
-
-
 def _type_name(hint: Any) -> str:
-    inner, optional = _unwrap(hint)
+    inner, optional = unwrap_optional(hint)
     origin = typing.get_origin(inner)
     if origin in (list, typing.List):  # noqa: UP006 - the schema spells List for OmegaConf
         name = f"list[{_type_name(typing.get_args(inner)[0])}]"
@@ -93,7 +85,7 @@ def schema_keys(root: type = schema.OmniGenConfig, prefix: str = "") -> list[Key
     keys: list[Key] = []
     for field in dataclasses.fields(root):
         hint = hints[field.name]
-        inner, _ = _unwrap(hint)
+        inner, _ = unwrap_optional(hint)
         path = f"{prefix}{field.name}"
         doc = docs.get(root.__name__, {}).get(field.name, "")
         choices = tuple(m.value for m in inner) if isinstance(inner, type) and issubclass(inner, Enum) else ()

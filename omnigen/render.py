@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import difflib
 import fcntl
+import functools
 import json
 import os
 import shlex
@@ -96,8 +97,15 @@ def _pyrepr(value: Any) -> str:
 
 
 def environment() -> jinja2.Environment:
+    return _environment(str(paths.templates_dir()))
+
+
+@functools.cache
+def _environment(templates_dir: str) -> jinja2.Environment:
+    """One environment per template folder: it compiles the template once per process, not once
+    per stage (26 times a build); its loader recompiles a template whose file changed."""
     env = jinja2.Environment(
-        loader=jinja2.FileSystemLoader(str(paths.templates_dir())),
+        loader=jinja2.FileSystemLoader(templates_dir),
         undefined=jinja2.StrictUndefined,
         trim_blocks=True,
         lstrip_blocks=True,

@@ -64,7 +64,7 @@ class _Checker:
         self.findings.append(Finding(self.where(node), key, problem))
 
     def check(self, node: yaml.Node, hint: Any, key: str) -> None:
-        hint, optional = _unwrap_optional(hint)
+        hint, optional = unwrap_optional(hint)
         if optional and _is_null(node):
             return
         if dataclasses.is_dataclass(hint):
@@ -242,7 +242,7 @@ def _resolve_key(key: str, stage_names: Sequence[str]) -> tuple[Any, str | None]
     walked = ""
     parts = key.split(".")
     for i, part in enumerate(parts):
-        hint, _ = _unwrap_optional(hint)
+        hint, _ = unwrap_optional(hint)
         if dataclasses.is_dataclass(hint):
             hints = typing.get_type_hints(hint)
             if part not in hints:
@@ -267,7 +267,7 @@ def _resolve_key(key: str, stage_names: Sequence[str]) -> tuple[Any, str | None]
 
 
 def _override_value_problem(value: Any, hint: Any) -> str | None:
-    hint, optional = _unwrap_optional(hint)
+    hint, optional = unwrap_optional(hint)
     if optional and value is None:
         return None
     if dataclasses.is_dataclass(hint) or typing.get_origin(hint) is dict:
@@ -351,7 +351,8 @@ def did_you_mean(name: str, choices: Iterable[str]) -> str:
     return f" (did you mean {close[0]!r}?)" if close else ""
 
 
-def _unwrap_optional(hint: Any) -> tuple[Any, bool]:
+def unwrap_optional(hint: Any) -> tuple[Any, bool]:
+    """``Optional[X]`` -> (X, True); any other hint -> (hint, False)."""
     args = typing.get_args(hint)
     if typing.get_origin(hint) is typing.Union and type(None) in args:
         rest = [a for a in args if a is not type(None)]
@@ -372,7 +373,7 @@ def _yaml_kind(node: yaml.Node) -> str:
 
 
 def _type_name(hint: Any) -> str:
-    hint, _ = _unwrap_optional(hint)
+    hint, _ = unwrap_optional(hint)
     return getattr(hint, "__name__", str(hint))
 
 
