@@ -54,11 +54,22 @@ def owned_copies(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
     return [t.detach().clone() for t in tensors]
 
 
-def merge_update(buffer: dict[str, Any], update: dict[str, Any], gpu_keys: GpuKeys) -> None:
+DeferredCopies = list[tuple[tuple[str, str], dict[str, Any], torch.Tensor]]
+"""GPU-resident tensors a merge left for its caller to copy: ``((type, qualifier), sub-dict, tensor)``."""
+
+
+def merge_update(
+    buffer: dict[str, Any],
+    update: dict[str, Any],
+    gpu_keys: GpuKeys,
+    deferred: DeferredCopies | None = None,
+) -> None:
     """Merge ``update`` into ``buffer`` one level deep, in place (4.1).
 
     ``{type: {qualifier: value}}`` merges per qualifier; top-level scalars are stored.
-    Tensors move to CPU unless ``(type, qualifier)`` is a GPU-resident key.
+    Tensors move to CPU unless ``(type, qualifier)`` is a GPU-resident key, which keeps an owned
+    copy; with ``deferred`` that copy is left to the caller (``store_owned_copies``), so a batch
+    of rows can make all of theirs in one device operation.
     """
     for key, value in update.items():
         if isinstance(value, dict):
@@ -66,12 +77,25 @@ def merge_update(buffer: dict[str, Any], update: dict[str, Any], gpu_keys: GpuKe
             if not isinstance(sub, dict):
                 sub = buffer[key] = {}
             for qualifier, item in value.items():
-                if gpu_keys and (key, qualifier) in gpu_keys:
-                    sub[qualifier] = keep_on_device(item)
-                else:
+                if not (gpu_keys and (key, qualifier) in gpu_keys):
                     sub[qualifier] = to_host(item)
+                elif deferred is not None and isinstance(item, torch.Tensor):
+                    deferred.append(((key, qualifier), sub, item))
+                else:
+                    sub[qualifier] = keep_on_device(item)
         else:
             buffer[key] = to_host(value)
+
+
+def store_owned_copies(deferred: DeferredCopies) -> None:
+    """Store the owned copies ``merge_update`` deferred: one device copy per ``(type, qualifier)``."""
+    by_key: dict[tuple[str, str], list[tuple[dict[str, Any], torch.Tensor]]] = {}
+    for key, sub, tensor in deferred:
+        by_key.setdefault(key, []).append((sub, tensor))
+    for (_, qualifier), entries in by_key.items():
+        copies = owned_copies([tensor for _, tensor in entries])
+        for (sub, _), copy in zip(entries, copies, strict=True):
+            sub[qualifier] = copy
 
 
 def is_replace_marker(payload: Any) -> bool:

@@ -239,39 +239,18 @@ def merge_batch_updates(
     The copies are made before this returns, so the hook that returned the tensors may reuse
     them afterwards. ``row_buffers`` are the buffers ``stamp_batch`` returned for ``req_ids``.
     """
-    # {type: qualifiers} of the GPU-resident keys: one dict lookup per update entry.
-    gpu_qualifiers: dict[str, set[str]] = {}
-    for kind, qualifier in runner.GPU_RESIDENT_KEYS:
-        gpu_qualifiers.setdefault(kind, set()).add(qualifier)
     requests = runner.requests
-    to_host, keep_on_device = buffers.to_host, buffers.keep_on_device
-    pending: dict[tuple[str, str], list[tuple[dict[str, Any], str, torch.Tensor]]] = {}
+    gpu_keys = runner.GPU_RESIDENT_KEYS
+    deferred: buffers.DeferredCopies = []
     for req_id, buffer, update in zip(req_ids, row_buffers, updates, strict=True):
         if not update or not isinstance(update, dict):
             continue
         request = requests.get(req_id)
         if request is None:
             continue
-        for key, value in update.items():
-            if type(value) is not dict and not isinstance(value, dict):
-                buffer[key] = to_host(value)
-                continue
-            sub = buffer.get(key)
-            if type(sub) is not dict and not isinstance(sub, dict):
-                sub = buffer[key] = {}
-            on_device = gpu_qualifiers.get(key)
-            for qualifier, item in value.items():
-                if on_device is None or qualifier not in on_device:
-                    sub[qualifier] = to_host(item)
-                elif isinstance(item, torch.Tensor):
-                    pending.setdefault((key, qualifier), []).append((sub, qualifier, item))
-                else:
-                    sub[qualifier] = keep_on_device(item)
+        buffers.merge_update(buffer, update, gpu_keys, deferred)
         request.additional_information_cpu = buffer
-    for entries in pending.values():
-        copies = buffers.owned_copies([tensor for _, _, tensor in entries])
-        for (sub, qualifier, _), copy in zip(entries, copies, strict=True):
-            sub[qualifier] = copy
+    buffers.store_owned_copies(deferred)
 
 
 _INTEGER_DTYPES = frozenset(
