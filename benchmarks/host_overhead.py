@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import cProfile
 import functools
+import gc
 import pstats
 import statistics
 import sys
@@ -35,6 +36,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
+from vllm.utils.gc_utils import freeze_gc_heap  # noqa: E402
 
 from omnigen import api  # noqa: E402
 from omnigen.runtime import vllm_api  # noqa: E402
@@ -257,15 +259,21 @@ def _drive(prep: _Prepared, profiler: cProfile.Profile | None = None) -> tuple[f
     runner, clock = prep.runner, prep.clock
     clock.seconds = 0.0
     total = 0.0
-    for s, sched in prep.outputs:
-        harness._apply_step(runner, prep.state, s)
-        if profiler is not None:
-            profiler.enable()
-        start = _clock()
-        runner._preprocess(sched, s.num_input_tokens)
-        total += _clock() - start
-        if profiler is not None:
-            profiler.disable()
+    # vLLM's engine core and worker freeze the heap after warm-up (vllm.utils.gc_utils), so a
+    # step's collections do not scan the static objects; serving is measured the same way.
+    freeze_gc_heap()
+    try:
+        for s, sched in prep.outputs:
+            harness._apply_step(runner, prep.state, s)
+            if profiler is not None:
+                profiler.enable()
+            start = _clock()
+            runner._preprocess(sched, s.num_input_tokens)
+            total += _clock() - start
+            if profiler is not None:
+                profiler.disable()
+    finally:
+        gc.unfreeze()
     return total, clock.seconds
 
 
