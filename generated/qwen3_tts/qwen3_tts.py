@@ -173,17 +173,9 @@ class Qwen3TtsRunner(OmniRunnerBase, vllm_api.GPUModelRunner):
         if rows.num_rows == 0:
             return
         # A raising hook or a bad hook output leaves every buffer, mirror and input as it was.
-        journal = phases.StepJournal(
-            self,
-            rows.req_ids,
-            input_ids,
-            inputs_embeds,
-            # The MTP rows of the step are staged in the first rows of the four buffers.
-            self.talker_mtp_input_ids.gpu[: rows.num_rows],
-            self.talker_mtp_inputs_embeds.gpu[: rows.num_rows],
-            self.last_talker_hidden.gpu[: rows.num_rows],
-            self.text_step.gpu[: rows.num_rows],
-        )
+        # (The four MTP buffers are not kept: every hook has run and been checked before the MTP
+        # rows are staged in them, and they carry nothing from one step to the next.)
+        journal = phases.StepJournal(self, rows.req_ids, input_ids, inputs_embeds)
         try:
             self._hook_rows(rows, input_ids, inputs_embeds)
         except BaseException:
@@ -343,7 +335,7 @@ class Qwen3TtsRunner(OmniRunnerBase, vllm_api.GPUModelRunner):
         if codes is None:
             return
         # buffers.gpu_resident holds codes.audio: one owned device copy, a row view per request.
-        rows = codes[:batch].detach().clone().split(1)
+        rows = mtp.row_views(codes[:batch].detach().clone())
         mtp.store_code_rows(self, req_ids, rows, self.MTP_OUTPUT_KEY)
 
     def _talker_mtp_forward_row_by_row(
@@ -412,7 +404,7 @@ class Qwen3TtsRunner(OmniRunnerBase, vllm_api.GPUModelRunner):
         if codes_rows is None:
             return
         # buffers.gpu_resident holds codes.audio: the rows' own device copy, a row view per request.
-        rows = codes_rows.split(1)
+        rows = mtp.row_views(codes_rows)
         if len(with_codes) == batch:
             mtp.store_code_rows(self, req_ids, rows, self.MTP_OUTPUT_KEY)
         else:

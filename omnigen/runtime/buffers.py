@@ -18,10 +18,14 @@ RUNNER_META_KEYS = ("num_processed_tokens", "resumable")
 
 
 def to_host(value: Any) -> Any:
-    """A buffer value as the buffer keeps it when its key is not GPU-resident: tensors on the host."""
+    """A buffer value as the buffer keeps it when its key is not GPU-resident: tensors on the host,
+    detached and contiguous (each step only where it changes something: this runs for every
+    update value of every row)."""
     if isinstance(value, torch.Tensor):
-        t = value.detach()
-        return t.to("cpu").contiguous() if t.device.type != "cpu" else t.contiguous()
+        t = value.detach() if value.requires_grad else value
+        if not t.is_cpu:
+            return t.to("cpu").contiguous()
+        return t if t.is_contiguous() else t.contiguous()
     if isinstance(value, list):
         return [to_host(item) if isinstance(item, torch.Tensor) else item for item in value]
     return value
@@ -30,32 +34,30 @@ def to_host(value: Any) -> Any:
 def keep_on_device(value: Any) -> Any:
     """A GPU-resident key's value: an owned copy of a tensor (a graph replay must not rewrite what
     the buffer holds), anything else as ``to_host`` keeps it."""
-    return value.detach().clone() if isinstance(value, torch.Tensor) else to_host(value)
+    if isinstance(value, torch.Tensor):
+        return (value.detach() if value.requires_grad else value).clone()
+    return to_host(value)
 
 
 def owned_copies(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
     """``[keep_on_device(t) for t in tensors]``, in one device copy when the tensors can be joined
-    (same dtype, device and trailing shape, at least one dimension, no autograd): the copies are
-    then views of one new tensor, so no copy aliases its source and none aliases another."""
-    if len(tensors) > 1:
-        first = tensors[0]
-        dtype, device, tail = first.dtype, first.device, first.shape[1:]
-        if first.dim() >= 1 and all(
-            t.dtype == dtype
-            and t.device == device
-            and t.dim() >= 1
-            and t.shape[1:] == tail
-            and not t.requires_grad
-            for t in tensors
-        ):
-            sizes = [int(t.shape[0]) for t in tensors]
-            joined = torch.cat(tensors)
-            return list(joined.split(1) if sizes.count(1) == len(sizes) else joined.split(sizes))
-    return [t.detach().clone() for t in tensors]
+    (one dtype, one device, the same trailing shape, at least one dimension): the copies are then
+    views of one new tensor, so no copy aliases its source and none aliases another. (Whether
+    they can is asked of ``torch.cat`` itself, not tensor by tensor: this runs for every row.)"""
+    if len(tensors) > 1 and len({t.dtype for t in tensors}) == 1:
+        try:
+            sizes = [t.shape[0] for t in tensors]  # IndexError: a 0-d tensor
+            joined = torch.cat(tensors)  # RuntimeError: mixed devices or trailing shapes
+        except (IndexError, RuntimeError):
+            pass
+        else:
+            return list(joined.detach().split(sizes))
+    return [keep_on_device(t) for t in tensors]
 
 
-DeferredCopies = list[tuple[tuple[str, str], dict[str, Any], torch.Tensor]]
-"""GPU-resident tensors a merge left for its caller to copy: ``((type, qualifier), sub-dict, tensor)``."""
+DeferredCopies = dict[tuple[str, str], tuple[list[dict[str, Any]], list[torch.Tensor]]]
+"""GPU-resident tensors a merge left for its caller to copy: ``(type, qualifier) -> (the
+sub-dicts they go into, the tensors)``."""
 
 
 def merge_update(
@@ -77,10 +79,14 @@ def merge_update(
             if not isinstance(sub, dict):
                 sub = buffer[key] = {}
             for qualifier, item in value.items():
-                if not (gpu_keys and (key, qualifier) in gpu_keys):
+                if not (gpu_keys and (pair := (key, qualifier)) in gpu_keys):
                     sub[qualifier] = to_host(item)
                 elif deferred is not None and isinstance(item, torch.Tensor):
-                    deferred.append(((key, qualifier), sub, item))
+                    entry = deferred.get(pair)
+                    if entry is None:
+                        entry = deferred[pair] = ([], [])
+                    entry[0].append(sub)
+                    entry[1].append(item)
                 else:
                     sub[qualifier] = keep_on_device(item)
         else:
@@ -89,12 +95,8 @@ def merge_update(
 
 def store_owned_copies(deferred: DeferredCopies) -> None:
     """Store the owned copies ``merge_update`` deferred: one device copy per ``(type, qualifier)``."""
-    by_key: dict[tuple[str, str], list[tuple[dict[str, Any], torch.Tensor]]] = {}
-    for key, sub, tensor in deferred:
-        by_key.setdefault(key, []).append((sub, tensor))
-    for (_, qualifier), entries in by_key.items():
-        copies = owned_copies([tensor for _, tensor in entries])
-        for (sub, _), copy in zip(entries, copies, strict=True):
+    for (_, qualifier), (subs, tensors) in deferred.items():
+        for sub, copy in zip(subs, owned_copies(tensors), strict=True):
             sub[qualifier] = copy
 
 

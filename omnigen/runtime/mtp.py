@@ -107,6 +107,12 @@ def store_code_rows(
         request.additional_information_cpu = buffer
 
 
+def row_views(tensor: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """Each row of ``tensor`` as a one-row view (``tensor.split(1)``; split by a list of sizes, which
+    makes the same views about a quarter faster: one view per request per step)."""
+    return tensor.split([1] * tensor.shape[0])
+
+
 def stack_rows(tensors: list[torch.Tensor], width: int) -> torch.Tensor:
     """The step's MTP inputs (one entry per per-row hook row, one per decode batch) as one
     ``(rows, width)`` tensor, in one device operation when every entry is a 1-D vector or every

@@ -1,13 +1,15 @@
 """Per-step row bookkeeping for the preprocess phase contract (CONTRACT 3.1-3.5).
 
-A step's rows are read once, as numpy arrays, so that deciding phases, MTP
-routing and decode-batch segments costs a few vector operations for the whole
-batch instead of per-row Python arithmetic.
+A step's rows are read once (``read_row_phases``), with the facts the checks need, so
+that deciding phases, MTP routing and decode-batch segments costs a few operations for
+the whole batch: numpy's for a large step, Python's for a small one.
 """
 
 from __future__ import annotations
 
 import contextlib
+import itertools
+import operator
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,35 +23,41 @@ MTP_OFFSETS_ERROR = "Talker-MTP decode rows require distinct in-bounds token off
 ROW_BOUNDS_ERROR = "Preprocessing requires every row's tokens within the step"
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class RowPhases:
-    """The rows of one step, in ``input_batch.req_ids`` order."""
+    """The rows of one step, in ``input_batch.req_ids`` order, as plain Python values (the per-row
+    loops index them), with the facts the step's checks need computed once."""
 
     req_ids: list[str]
-    offsets: np.ndarray
-    """First token of each row in the flattened step (``query_start_loc``)."""
-    spans: np.ndarray
-    """Scheduled tokens of each row."""
-    prompt_lens: np.ndarray
-    computed: np.ndarray
-    """Tokens computed before this step."""
-    is_prefill: np.ndarray
-    """``computed < prompt_len``: a 5-token prompt scheduled 4 + 1 is prefill at computed=4."""
-    single_decode: np.ndarray
-    """Span 1 and not prefill: the rows a talker MTP or a decode batch takes."""
-    keys: list[tuple[str, int, int, bool]]
-    """Each row's ``RUNNER_KEYS`` values as plain Python values (3.1), converted once per step."""
     starts: list[int]
-    """``offsets`` as Python ints (the per-row loops slice with them)."""
+    """First token of each row in the flattened step (``query_start_loc``)."""
     ends: list[int]
-    """``offsets + spans`` as Python ints."""
+    """``starts + spans``, the spans being each row's scheduled tokens."""
+    keys: list[tuple[str, int, int, bool]]
+    """Each row's ``RUNNER_KEYS`` values (3.1): prefill is ``computed < prompt_len`` (a 5-token
+    prompt scheduled 4 + 1 is prefill at computed=4)."""
+    single_decode: list[bool]
+    """Span 1 and not prefill: the rows a talker MTP or a decode batch takes."""
+    first_token: int
+    """The smallest start."""
+    end_token: int
+    """The largest end."""
     disjoint: bool
     """No two rows share a token slot. (Rows may overlap: a later row's hook then reads what an
     earlier row wrote, so writes are deferred only when this is true.)"""
+    decode_starts_increasing: bool
+    """The single-token decode rows' starts increase in row order (so they are distinct)."""
+    last_decode_start: int
+    """The last single-token decode row's start (-1: there is none)."""
 
     @property
     def num_rows(self) -> int:
         return len(self.req_ids)
+
+
+VECTOR_ROWS = 16
+"""From this many rows on, a step's rows are read with numpy vector operations; below it, with
+Python's (a numpy call costs about a microsecond whatever its size)."""
 
 
 def read_row_phases(
@@ -58,29 +66,65 @@ def read_row_phases(
     """Read the step's rows from vLLM's input batch and the scheduler's token counts."""
     req_ids = list(input_batch.req_ids)
     n = len(req_ids)
+    if n >= VECTOR_ROWS:
+        return _read_rows_vectorized(req_ids, input_batch, query_start_loc, num_scheduled_tokens)
+    starts = query_start_loc.np[:n].tolist()
+    spans = list(map(num_scheduled_tokens.__getitem__, req_ids))
+    prompt_lens = input_batch.num_prompt_tokens[:n].tolist()
+    computed = input_batch.num_computed_tokens_cpu[:n].tolist()
+    ends = list(map(operator.add, starts, spans))
+    is_prefill = list(map(operator.lt, computed, prompt_lens))
+    single_decode = [span == 1 and not prefill for span, prefill in zip(spans, is_prefill, strict=True)]
+    decode_starts = list(itertools.compress(starts, single_decode))
+    disjoint = all(map(operator.le, ends[:-1], starts[1:])) or _disjoint_unordered(starts, ends)
+    return RowPhases(
+        req_ids=req_ids,
+        starts=starts,
+        ends=ends,
+        keys=list(zip(req_ids, prompt_lens, computed, is_prefill, strict=True)),
+        single_decode=single_decode,
+        first_token=min(starts, default=0),
+        end_token=max(ends, default=0),
+        disjoint=disjoint,
+        decode_starts_increasing=all(map(operator.lt, decode_starts, decode_starts[1:])),
+        last_decode_start=decode_starts[-1] if decode_starts else -1,
+    )
+
+
+def _disjoint_unordered(starts: list[int], ends: list[int]) -> bool:
+    spans = sorted(zip(starts, ends, strict=True))
+    return all(end <= start for (_, end), (start, _) in itertools.pairwise(spans))
+
+
+def _read_rows_vectorized(
+    req_ids: list[str], input_batch: Any, query_start_loc: Any, num_scheduled_tokens: dict[str, int]
+) -> RowPhases:
+    """``read_row_phases`` for a large step: the same values, from numpy vector operations."""
+    n = len(req_ids)
     offsets = np.asarray(query_start_loc.np[:n], dtype=np.int64)
     spans = np.fromiter(map(num_scheduled_tokens.__getitem__, req_ids), dtype=np.int64, count=n)
-    prompt_lens = np.asarray(input_batch.num_prompt_tokens[:n], dtype=np.int64)
-    computed = np.asarray(input_batch.num_computed_tokens_cpu[:n], dtype=np.int64)
+    prompt_lens = input_batch.num_prompt_tokens[:n]
+    computed = input_batch.num_computed_tokens_cpu[:n]
     is_prefill = computed < prompt_lens
     ends = offsets + spans
-    if n < 2 or (offsets[1:] >= ends[:-1]).all():
+    if (offsets[1:] >= ends[:-1]).all():
         disjoint = True
     else:
         order = np.argsort(offsets, kind="stable")
         disjoint = bool((offsets[order][1:] >= ends[order][:-1]).all())
+    single_decode = (spans == 1) & ~is_prefill
+    decode_starts = offsets[single_decode]
     return RowPhases(
         req_ids=req_ids,
-        offsets=offsets,
-        spans=spans,
-        prompt_lens=prompt_lens,
-        computed=computed,
-        is_prefill=is_prefill,
-        single_decode=(spans == 1) & ~is_prefill,
-        keys=list(zip(req_ids, prompt_lens.tolist(), computed.tolist(), is_prefill.tolist(), strict=True)),
         starts=offsets.tolist(),
         ends=ends.tolist(),
+        keys=list(zip(req_ids, prompt_lens.tolist(), computed.tolist(), is_prefill.tolist(), strict=True)),
+        single_decode=single_decode.tolist(),
+        first_token=int(offsets.min()),
+        end_token=int(ends.max()),
         disjoint=disjoint,
+        decode_starts_increasing=bool((decode_starts[1:] > decode_starts[:-1]).all()),
+        last_decode_start=int(decode_starts[-1]) if decode_starts.size else -1,
     )
 
 
@@ -98,29 +142,21 @@ def stamp(buffer: dict[str, Any], key: tuple[str, int, int, bool]) -> None:
     ) = key
 
 
-def runner_keys(phases: RowPhases) -> list[dict[str, Any]]:
-    """Each row's ``RUNNER_KEYS`` as a dict (3.1)."""
-    return [dict(zip(RUNNER_KEYS, key, strict=True)) for key in phases.keys]
-
-
-def segments(batchable: np.ndarray) -> list[tuple[int, int, bool]]:
+def segments(batchable: list[bool]) -> list[tuple[int, int, bool]]:
     """Split rows into ``(start, end, is_batch)`` segments in row order.
 
     Adjacent batchable rows form one batch segment; every other row is a segment of its
     own, so a non-batchable row between two batchable ones splits them (3.3).
     """
-    n = int(batchable.shape[0])
-    if n == 0:
-        return []
-    if not batchable.any():
-        return [(i, i + 1, False) for i in range(n)]
+    n = len(batchable)
+    if all(batchable):
+        return [(0, n, True)] if n else []
     out: list[tuple[int, int, bool]] = []
-    flags = batchable.tolist()
     i = 0
     while i < n:
-        if flags[i]:
+        if batchable[i]:
             j = i + 1
-            while j < n and flags[j]:
+            while j < n and batchable[j]:
                 j += 1
             out.append((i, j, True))
             i = j
@@ -135,16 +171,16 @@ def check_contiguous_runs(phases: RowPhases, runs: list[tuple[int, int, bool]], 
     for start, end, is_batch in runs:
         if not is_batch:
             continue
-        offs = phases.offsets[start:end]
-        first = int(offs[0])
+        offs = phases.starts[start:end]
+        first = offs[0]
         if (
             first < 0
             or first + (end - start) > num_tokens
-            or not np.array_equal(offs, np.arange(first, first + (end - start)))
+            or offs != list(range(first, first + (end - start)))
         ):
             raise RuntimeError(
                 f"{CONTIGUITY_ERROR}: rows {start}..{end - 1} (requests {', '.join(phases.req_ids[start:end])}) "
-                f"have offsets {offs.tolist()} for {num_tokens} scheduled tokens; "
+                f"have offsets {offs} for {num_tokens} scheduled tokens; "
                 "model.preprocess_decode_batch was not called"
             )
 
@@ -153,25 +189,22 @@ def check_mtp_offsets(phases: RowPhases, num_tokens: int) -> None:
     """Raise before any hook runs unless the step's talker-MTP rows (its single-token decode rows)
     have distinct in-bounds offsets (3.5).
 
-    A decode batch gathers their ids and scatters their embeddings with ``index_select`` /
-    ``index_copy_``, and the MTP writes each row's embedding back at its offset: an offset past
-    the step reads and writes another step's slots, and two rows at one offset write the same slot
-    (which one wins is unspecified). One vector pass; the message is built only on failure.
+    A decode batch gathers their ids and scatters their embeddings by offset, and the MTP writes
+    each row's embedding back at its offset: an offset past the step reads and writes another
+    step's slots, and two rows at one offset write the same slot (which one wins is unspecified).
+    The common case (increasing starts within the step) is two comparisons of facts
+    ``read_row_phases`` computed; the message is built only on failure.
     """
-    offs = phases.offsets[phases.single_decode]
-    if offs.size == 0:
+    if phases.decode_starts_increasing and phases.first_token >= 0 and phases.last_decode_start < num_tokens:
         return
-    if offs.size == 1 or (offs[1:] > offs[:-1]).all():  # increasing: distinct, the bounds are the ends
-        if offs[0] >= 0 and offs[-1] < num_tokens:
-            return
-    elif offs.min() >= 0 and offs.max() < num_tokens and np.unique(offs).size == offs.size:
+    rows = [row for row, decode in enumerate(phases.single_decode) if decode]
+    offs = [phases.starts[row] for row in rows]
+    if len(set(offs)) == len(offs) and all(0 <= off < num_tokens for off in offs):
         return
-    rows = np.flatnonzero(phases.single_decode)
-    values, counts = np.unique(offs, return_counts=True)
-    repeated = set(values[counts > 1].tolist())
+    repeated = {off for off in offs if offs.count(off) > 1}
     bad = [
         f"{phases.req_ids[row]} (row {row}) at {off}"
-        for row, off in zip(rows.tolist(), offs.tolist(), strict=True)
+        for row, off in zip(rows, offs, strict=True)
         if off < 0 or off >= num_tokens or off in repeated
     ]
     raise RuntimeError(
@@ -181,15 +214,14 @@ def check_mtp_offsets(phases: RowPhases, num_tokens: int) -> None:
 
 
 def check_row_bounds(phases: RowPhases, num_tokens: int) -> None:
-    """Raise before any hook runs unless every row's tokens ``offset .. offset + span`` lie within
-    the step's ``num_tokens`` (3.5): a row past the end would hand its hook a short slice, and a
-    negative offset another row's tokens. Two vector reductions; the message only on failure."""
-    ends = phases.offsets + phases.spans
-    if phases.offsets.min() >= 0 and ends.max() <= num_tokens:
+    """Raise before any hook runs unless every row's tokens ``start .. end`` lie within the step's
+    ``num_tokens`` (3.5): a row past the end would hand its hook a short slice, and a negative
+    offset another row's tokens. Two comparisons; the message only on failure."""
+    if phases.first_token >= 0 and phases.end_token <= num_tokens:
         return
     bad = [
         f"{phases.req_ids[row]} (row {row}) at {start}..{end}"
-        for row, (start, end) in enumerate(zip(phases.offsets.tolist(), ends.tolist(), strict=True))
+        for row, (start, end) in enumerate(zip(phases.starts, phases.ends, strict=True))
         if start < 0 or end > num_tokens
     ]
     raise RuntimeError(
@@ -241,7 +273,7 @@ def merge_batch_updates(
     """
     requests = runner.requests
     gpu_keys = runner.GPU_RESIDENT_KEYS
-    deferred: buffers.DeferredCopies = []
+    deferred: buffers.DeferredCopies = {}
     for req_id, buffer, update in zip(req_ids, row_buffers, updates, strict=True):
         if not update or not isinstance(update, dict):
             continue
@@ -377,38 +409,59 @@ class StepJournal:
     """What a step's hooks may change (the rows' buffers and mirrors, the persistent inputs, the
     MTP generators), kept so that a failure anywhere in the step puts every one of them back.
 
-    Buffers are restored in place, so a buffer and its mirror stay the same object (4.1).
+    Buffers are restored in place, so a buffer and its mirror stay the same object (4.1). A merge
+    (the runner's or a hook's own writes) reaches one level deep, so the journal keeps a copy of
+    each row's buffer and of each dict inside it: one flat list for the step, built in one pass,
+    because this runs for every row of every step.
     """
 
     def __init__(self, runner: Any, req_ids: list[str], *inputs: Any) -> None:
         self._runner = runner
-        # The persistent inputs the step writes: ids, embeddings and, on an MTP stage, the four
-        # MTP staging buffers.
+        # The persistent inputs the hooks' results are written into: ids and embeddings. (An MTP
+        # stage's four staging buffers are written only once every hook has run and been checked.)
         self._inputs = [(tensor, tensor.clone()) for tensor in inputs]
-        self._generators = dict(runner._talker_mtp_generators)
+        generators = runner._talker_mtp_generators
+        self._generators = dict(generators) if generators else None
         buffers = runner.model_intermediate_buffer
-        self._buffers: dict[str, Any] = {}
-        self._mirrors: dict[str, Any] = {}
-        for req_id in req_ids:
-            buffer = buffers.get(req_id)
-            self._buffers[req_id] = _ABSENT if buffer is None else _buffer_contents(buffer)
-            request = runner.requests.get(req_id)
-            if request is not None:
-                self._mirrors[req_id] = getattr(request, "additional_information_cpu", _ABSENT)
+        rows = list(map(buffers.get, req_ids))
+        # Each existing buffer, then the dicts inside it, each with a copy of its entries.
+        dicts = [
+            value
+            for buffer in rows
+            if buffer is not None
+            for value in (buffer, *buffer.values())
+            if type(value) is dict or isinstance(value, dict)
+        ]
+        self._dicts = list(zip(dicts, map(dict.copy, dicts), strict=True))
+        # Each row's buffer object (None: dropped again), in case a hook replaced it in the map,
+        # and the requests whose mirror was not their buffer (the runner's merges make it so).
+        self._rows = list(zip(req_ids, rows, strict=True))
+        requests = runner.requests
+        self._mirrors = [
+            (request, mirror)
+            for request, buffer in zip(map(requests.get, req_ids), rows, strict=True)
+            if request is not None
+            and (mirror := getattr(request, "additional_information_cpu", _ABSENT)) is not buffer
+        ]
 
     def undo(self) -> None:
         runner = self._runner
         buffers = runner.model_intermediate_buffer
-        for req_id, saved in self._buffers.items():
-            if saved is _ABSENT:
+        for req_id, buffer in self._rows:
+            if buffer is None:
                 buffers.pop(req_id, None)
             else:
-                buffers[req_id] = saved[0]
-                _restore_buffer(saved)
-        for req_id, mirror in self._mirrors.items():
-            request = runner.requests.get(req_id)
-            if request is None:
-                continue
+                buffers[req_id] = buffer
+        for saved, contents in self._dicts:
+            saved.clear()
+            saved.update(contents)
+        # A mirror not recorded was its row's buffer (or None where the row had none).
+        requests = runner.requests
+        for req_id, buffer in self._rows:
+            request = requests.get(req_id)
+            if request is not None:
+                request.additional_information_cpu = buffer
+        for request, mirror in self._mirrors:
             if mirror is _ABSENT:
                 with contextlib.suppress(AttributeError):
                     delattr(request, "additional_information_cpu")
@@ -418,32 +471,8 @@ class StepJournal:
             tensor.copy_(saved)
         generators = runner._talker_mtp_generators
         generators.clear()
-        generators.update(self._generators)
-
-
-def _buffer_contents(
-    buffer: dict[str, Any],
-) -> tuple[dict[str, Any], dict[str, Any], list[tuple[dict[str, Any], dict[str, Any]]]]:
-    """``(the buffer, its entries, (sub-dict, its entries) pairs)``: what a merge one level deep
-    can change. (This runs for every row of every step: a list, no key lookups.)"""
-    return (
-        buffer,
-        buffer.copy(),
-        [
-            (value, value.copy())
-            for value in buffer.values()
-            if type(value) is dict or isinstance(value, dict)
-        ],
-    )
-
-
-def _restore_buffer(saved: tuple[Any, ...]) -> None:
-    buffer, entries, subs = saved
-    for sub, contents in subs:
-        sub.clear()
-        sub.update(contents)
-    buffer.clear()
-    buffer.update(entries)
+        if self._generators:
+            generators.update(self._generators)
 
 
 def note_hook_failure(exc: BaseException, hook: str, req_ids: list[str]) -> None:

@@ -510,6 +510,7 @@ class FakeDeterminer:
 
 
 DEVICE_GET = torch.Tensor.device.__get__
+IS_CPU_GET = torch.Tensor.is_cpu.__get__
 
 
 class DeviceTensor(torch.Tensor):
@@ -523,6 +524,8 @@ class DeviceTensor(torch.Tensor):
     def __torch_function__(cls, func, types, args=(), kwargs=None):
         if func == DEVICE_GET:
             return torch.device("cuda", 0)
+        if func == IS_CPU_GET:
+            return False
         if func in (torch.Tensor.to, torch.Tensor.cpu):
             target = args[1] if len(args) > 1 else (kwargs or {}).get("device", "cpu")
             if func is torch.Tensor.cpu or str(target).startswith("cpu"):

@@ -68,3 +68,34 @@ def test_a_bad_row_leaves_the_whole_step_as_it_was(variant, fault, recorder, ctx
     if fault != "raises":
         third = recorder.of("preprocess")[2]["req_id"]
         assert f"request {third}: model.preprocess returned" in str(err.value)
+
+
+class ReplacingModel(FaultyModel):
+    """A step hook that replaces the first row's buffer object in the map (and succeeds); the row
+    hooks then merge into the new object (and set its mirror) until the third fails."""
+
+    def preprocess_batch(self, req_ids, model_intermediate_buffer, device):
+        super().preprocess_batch(req_ids, model_intermediate_buffer, device)
+        model_intermediate_buffer[req_ids[0]] = {"meta": {"replaced": True}}
+
+
+STEP_HOOKED = [v for v in HOOK_VARIANTS if v.facts["batch_hook"]]
+
+
+@pytest.mark.parametrize("variant", STEP_HOOKED, ids=ids(STEP_HOOKED))
+def test_a_replaced_buffer_and_its_mirror_are_put_back(variant, recorder, ctx, graph):
+    graph.for_policy(variant.caps["mtp_graph"] or "unsafe")
+    step = Step(rows_of(KINDS))
+    r = rig(variant, step, recorder, ctx)
+    r.runner.model.__class__ = ReplacingModel
+    r.runner.model.fault = "raises"
+    first = step.rows[0].req_id
+    buffer = {"meta": {"tag": "kept"}}
+    r.runner.model_intermediate_buffer[first] = buffer
+    r.runner.requests[first].additional_information_cpu = buffer
+    before = runner_state(r.runner)
+    with pytest.raises(RuntimeError, match="the model failed"):
+        r.runner._preprocess_rows(step.sched, step.ids(), step.embeds())
+    assert r.runner.model_intermediate_buffer[first] is buffer
+    assert r.runner.requests[first].additional_information_cpu is buffer
+    assert runner_state(r.runner) == before

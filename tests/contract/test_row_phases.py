@@ -1,0 +1,57 @@
+"""``read_row_phases`` reads a step's rows with Python below ``VECTOR_ROWS`` rows and numpy from
+there on: both must give the same rows and facts, for any offsets (unordered, overlapping, out of
+bounds), spans and prefill states."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+from unittest import mock
+
+import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from omnigen.runtime import phases
+
+ROW = st.tuples(
+    st.integers(-2, 40),  # start
+    st.integers(1, 4),  # span
+    st.integers(1, 6),  # prompt length
+    st.integers(0, 8),  # computed
+)
+
+
+def _step(rows):
+    n = len(rows)
+    req_ids = [f"r{i}" for i in range(n)]
+    batch = SimpleNamespace(
+        req_ids=req_ids,
+        num_prompt_tokens=np.array([r[2] for r in rows] + [0], dtype=np.int32),
+        num_computed_tokens_cpu=np.array([r[3] for r in rows] + [0], dtype=np.int32),
+    )
+    qsl = SimpleNamespace(np=np.array([r[0] for r in rows] + [0], dtype=np.int32))
+    return batch, qsl, {req_id: r[1] for req_id, r in zip(req_ids, rows, strict=True)}
+
+
+def _sorted_step(rows):
+    """The usual step: rows laid out one after another from token 0."""
+    start, out = 0, []
+    for _, span, prompt_len, computed in rows:
+        out.append((start, span, prompt_len, computed))
+        start += span
+    return out
+
+
+@settings(max_examples=300, deadline=None)
+@given(rows=st.lists(ROW, min_size=1, max_size=40), laid_out=st.booleans())
+def test_the_python_and_the_vector_reads_agree(rows, laid_out):
+    step = _step(_sorted_step(rows) if laid_out else rows)
+    with mock.patch.object(phases, "VECTOR_ROWS", len(rows) + 1):
+        small = phases.read_row_phases(*step)
+    vector = phases._read_rows_vectorized(step[0].req_ids, *step)
+    assert small == vector
+    starts = [r[0] for r in (_sorted_step(rows) if laid_out else rows)]
+    ends = [s + r[1] for s, r in zip(starts, rows, strict=True)]
+    slots = [t for s, e in zip(starts, ends, strict=True) for t in range(s, e)]
+    assert vector.disjoint is (len(slots) == len(set(slots)))
+    assert vector.single_decode == [r[1] == 1 and r[3] >= r[2] for r in rows]
