@@ -287,21 +287,81 @@ class _NoJournal:
         pass
 
 
-def ablate(names: list[str]) -> None:
-    """Diagnostics only: switch off one runtime mechanism to measure what its clause costs.
+def _unchecked(_ids: object, out: object, *args: object, **kwargs: object) -> object:
+    return out
 
-    ``journal``: no StepJournal (issue 9's all-or-nothing step); ``owned_copies``: a decode
-    batch's GPU-resident update tensors stored as the hook returned them, not copied (CONTRACT
-    4.1 / buffers.gpu_resident). The runner is then no longer the contract's: never for serving."""
-    from omnigen.runtime import buffers, phases
 
+def _ablations() -> dict[str, tuple[str, list[tuple[object, str, object]]]]:
+    """Each contract mechanism the hot path pays for: ``name -> (the clause, the replacements that
+    switch it off)``. Diagnostics only: without one the runner is no longer the contract's."""
+    from omnigen.runtime import base, buffers, mtp, phases
+
+    return {
+        "journal": ("issue 9: a failed step is undone (StepJournal)", [(phases, "StepJournal", _NoJournal)]),
+        "checks": (
+            "3.5: every hook result checked before a write",
+            [(phases, "row_output", _unchecked), (phases, "batch_output", _unchecked)],
+        ),
+        "merges": (
+            "4.1: each row's update merged into its buffer (and its owned copies)",
+            [(phases, "merge_batch_updates", lambda *a: None), (base.OmniRunnerBase, "_update_intermediate_buffer", lambda self, req_id, update: None)],
+        ),
+        "owned_copies": (
+            "4.1 / buffers.gpu_resident: an owned device copy of each GPU-resident update",
+            [(buffers, "owned_copies", list), (buffers, "keep_on_device", lambda value: value)],
+        ),
+        "code_rows": (
+            "2.3: each MTP row's codes stored in its buffer (a row view each)",
+            [(mtp, "store_code_rows", lambda *a: None), (mtp, "row_views", lambda tensor: ())],
+        ),
+        "generators": ("2.3: each MTP row's seeded generator looked up", [(mtp, "row_generators", lambda cache, requests, req_ids, device: [None] * len(req_ids))]),
+    }  # fmt: skip
+
+
+def ablate(names: list[str]) -> list[tuple[object, str, object]]:
+    """Switch off each named mechanism of ``_ablations()``; returns what to ``restore``."""
+    table = _ablations()
+    saved = []
     for name in names:
-        if name == "journal":
-            phases.StepJournal = _NoJournal
-        elif name == "owned_copies":
-            buffers.owned_copies = lambda tensors: list(tensors)
-        else:
-            raise ValueError(f"--ablate {name}: expected journal or owned_copies")
+        if name not in table:
+            raise ValueError(f"--ablate {name}: expected one of {', '.join(table)}")
+        for owner, attr, replacement in table[name][1]:
+            saved.append((owner, attr, getattr(owner, attr)))
+            setattr(owner, attr, replacement)
+    return saved
+
+
+def restore(saved: list[tuple[object, str, object]]) -> None:
+    for owner, attr, original in reversed(saved):
+        setattr(owner, attr, original)
+
+
+def clause_costs(cells: list[str], batch: int, steps: int, repeats: int, min_rows: int) -> None:
+    """What each mechanism of ``_ablations()`` costs omnigen per request at ``batch`` (decode):
+    the cell as generated, then without each mechanism in turn, in one run."""
+    print(
+        f"{'cell':42} {'without':13} {'omnigen':>8} {'oracle':>8} {'ratio':>6} {'costs':>7}   "
+        f"µs/request/step at B={batch}, decode; costs = as generated - without",
+        flush=True,
+    )
+    names = ["(nothing)", *_ablations()]
+    for key in cells:
+        cell = CELLS[key]
+        generated = None
+        for name in names:
+            saved = ablate([] if name == "(nothing)" else [name])
+            try:
+                r = measure(cell, batch, steps_for(batch, steps, min_rows), repeats)
+            finally:
+                restore(saved)
+            generated = r["omnigen_us"] if generated is None else generated
+            print(
+                f"{cell.label:42} {name:13} {r['omnigen_us']:>8.2f} {r['oracle_us']:>8.2f} {r['ratio']:>6.3f}"
+                f" {generated - r['omnigen_us']:>7.2f}",
+                flush=True,
+            )
+    for name, (clause, _) in _ablations().items():
+        print(f"  {name:13} {clause}")
 
 
 @functools.cache
@@ -439,11 +499,18 @@ def main() -> None:
     parser.add_argument("--hooks", choices=["trivial", "dummy"], default="trivial")
     parser.add_argument("--clock", choices=["thread", "wall"], default="thread")
     parser.add_argument(
-        "--ablate", nargs="+", default=[], choices=["journal", "owned_copies"],
+        "--ablate", nargs="+", default=[], choices=list(_ablations()),
         help="diagnostics: omnigen without one contract mechanism, to measure what it costs",
+    )  # fmt: skip
+    parser.add_argument(
+        "--clauses", action="store_true",
+        help="what each contract mechanism costs: the cells at the first --batch without each in turn",
     )  # fmt: skip
     args = parser.parse_args()
     ablate(args.ablate)
+    if args.clauses:
+        clause_costs(args.cells, args.batch[0], args.steps, args.repeats, args.min_rows)
+        return
     global _clock
     _clock = time.thread_time if args.clock == "thread" else time.perf_counter
     if args.profile:

@@ -239,11 +239,15 @@ class OmnigenTinyTalkerRunner(OmniRunnerBase, vllm_api.GPUModelRunner):
             ids_out, embeds_out, last_hidden, text_step, updates = phases.batch_output(
                 req_ids, out, width, mtp_width
             )
+            # Their embeddings are the predictor's (2.3), written back after the loop, unless rows
+            # share tokens: then a later row's hook reads what these rows write, in row order.
             if contiguous:
-                inputs_embeds[start : start + len(offsets)].copy_(embeds_out)
+                if not rows.disjoint:
+                    inputs_embeds[start : start + len(offsets)].copy_(embeds_out)
                 input_ids[start : start + len(offsets)].copy_(ids_out.reshape(-1))
             else:
-                inputs_embeds.index_copy_(0, index, embeds_out)
+                if not rows.disjoint:
+                    inputs_embeds.index_copy_(0, index, embeds_out)
                 input_ids.index_copy_(0, index, ids_out.reshape(-1).to(input_ids.dtype))
             mtp_ids.append(ids_out.reshape(-1))
             mtp_embeds.append(embeds_out)

@@ -119,8 +119,10 @@ def stack_rows(tensors: list[torch.Tensor], width: int) -> torch.Tensor:
     entry a ``(rows, width)`` block (a model may hand back either: Qwen3-Omni's talker returns
     1-D hidden vectors); anything else is reshaped row by row first."""
     first = tensors[0]
+    if len(tensors) == 1 and first.dim() in (1, 2) and first.shape[-1] == width:
+        return first.unsqueeze(0) if first.dim() == 1 else first
     if first.dim() == 2 and all(t.dim() == 2 and t.shape[1] == width for t in tensors):
-        return first if len(tensors) == 1 else torch.cat(tensors)
+        return torch.cat(tensors)
     if first.dim() == 1 and all(t.dim() == 1 and t.shape[0] == width for t in tensors):
         return torch.stack(tensors)
     return torch.cat([t.reshape(-1, width) for t in tensors])
@@ -128,6 +130,8 @@ def stack_rows(tensors: list[torch.Tensor], width: int) -> torch.Tensor:
 
 def flat_ids(tensors: list[torch.Tensor]) -> torch.Tensor:
     """The step's MTP ids (one entry per hook call) as one 1-D tensor."""
+    if len(tensors) == 1 and tensors[0].dim() == 1:
+        return tensors[0]
     if all(t.dim() == 1 for t in tensors):
-        return tensors[0] if len(tensors) == 1 else torch.cat(tensors)
+        return torch.cat(tensors)
     return torch.cat([t.reshape(-1) for t in tensors])

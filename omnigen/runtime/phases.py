@@ -411,8 +411,8 @@ class StepJournal:
 
     Buffers are restored in place, so a buffer and its mirror stay the same object (4.1). A merge
     (the runner's or a hook's own writes) reaches one level deep, so the journal keeps a copy of
-    each row's buffer and of each dict inside it: one flat list for the step, built in one pass,
-    because this runs for every row of every step.
+    each row's buffer and of each dict inside it, in one flat list for the step (this runs for
+    every row of every step).
     """
 
     def __init__(self, runner: Any, req_ids: list[str], *inputs: Any) -> None:
@@ -422,27 +422,29 @@ class StepJournal:
         self._inputs = [(tensor, tensor.clone()) for tensor in inputs]
         generators = runner._talker_mtp_generators
         self._generators = dict(generators) if generators else None
-        buffers = runner.model_intermediate_buffer
-        rows = list(map(buffers.get, req_ids))
-        # Each existing buffer, then the dicts inside it, each with a copy of its entries.
-        dicts = [
-            value
-            for buffer in rows
-            if buffer is not None
-            for value in (buffer, *buffer.values())
-            if type(value) is dict or isinstance(value, dict)
-        ]
-        self._dicts = list(zip(dicts, map(dict.copy, dicts), strict=True))
-        # Each row's buffer object (None: dropped again), in case a hook replaced it in the map,
-        # and the requests whose mirror was not their buffer (the runner's merges make it so).
-        self._rows = list(zip(req_ids, rows, strict=True))
-        requests = runner.requests
-        self._mirrors = [
-            (request, mirror)
-            for request, buffer in zip(map(requests.get, req_ids), rows, strict=True)
-            if request is not None
-            and (mirror := getattr(request, "additional_information_cpu", _ABSENT)) is not buffer
-        ]
+        # Each row's buffer object (None: dropped again), in case a hook replaced it in the map;
+        # each existing buffer and each dict inside it, with a copy of its entries; and the
+        # requests whose mirror was not their buffer (the runner's merges make it so). One plain
+        # loop: faster than comprehensions at every batch size.
+        get_buffer = runner.model_intermediate_buffer.get
+        get_request = runner.requests.get
+        rows: list[tuple[str, dict[str, Any] | None]] = []
+        dicts: list[tuple[dict[str, Any], dict[str, Any]]] = []
+        mirrors: list[tuple[Any, Any]] = []
+        for req_id in req_ids:
+            buffer = get_buffer(req_id)
+            rows.append((req_id, buffer))
+            if buffer is not None:
+                dicts.append((buffer, buffer.copy()))
+                for value in buffer.values():
+                    if isinstance(value, dict):
+                        dicts.append((value, value.copy()))
+            request = get_request(req_id)
+            if request is not None:
+                mirror = getattr(request, "additional_information_cpu", _ABSENT)
+                if mirror is not buffer:
+                    mirrors.append((request, mirror))
+        self._rows, self._dicts, self._mirrors = rows, dicts, mirrors
 
     def undo(self) -> None:
         runner = self._runner
