@@ -314,7 +314,7 @@ def _ablations() -> dict[str, tuple[str, list[tuple[object, str, object]]]]:
             "2.3: each MTP row's codes stored in its buffer (a row view each)",
             [(mtp, "store_code_rows", lambda *a: None), (mtp, "row_views", lambda tensor: ())],
         ),
-        "generators": ("2.3: each MTP row's seeded generator looked up", [(mtp, "row_generators", lambda cache, requests, req_ids, device: [None] * len(req_ids))]),
+        "generators": ("2.3: each MTP row's seeded generator looked up (seeded rows: and the one-call-per-row fallback)", [(mtp, "row_generators", lambda cache, requests, req_ids, device: [None] * len(req_ids))]),
     }  # fmt: skip
 
 
@@ -337,27 +337,27 @@ def restore(saved: list[tuple[object, str, object]]) -> None:
 
 
 def clause_costs(cells: list[str], batch: int, steps: int, repeats: int, min_rows: int) -> None:
-    """What each mechanism of ``_ablations()`` costs omnigen per request at ``batch`` (decode):
-    the cell as generated, then without each mechanism in turn, in one run."""
+    """What each mechanism of ``_ablations()`` costs omnigen per request at ``batch`` (decode): in
+    every repeat the oracle, omnigen as generated and omnigen without each mechanism in turn run
+    interleaved; costs = as generated - without (medians), also as a share of vllm-omni's time."""
+    names = list(_ablations())
     print(
-        f"{'cell':42} {'without':13} {'omnigen':>8} {'oracle':>8} {'ratio':>6} {'costs':>7}   "
-        f"µs/request/step at B={batch}, decode; costs = as generated - without",
+        f"{'cell':42} {'without':13} {'omnigen':>8} {'ratio':>6} {'costs':>7} {'of oracle':>9}   "
+        f"µs/request/step at B={batch}, decode",
         flush=True,
     )
-    names = ["(nothing)", *_ablations()]
     for key in cells:
         cell = CELLS[key]
-        generated = None
+        r = measure(cell, batch, steps_for(batch, steps, min_rows), repeats, without=tuple(names))
+        oracle = r["oracle_us"]
+        print(
+            f"{cell.label:42} {'(nothing)':13} {r['omnigen_us']:>8.2f} {r['ratio']:>6.3f}   (vllm-omni {oracle:.2f})"
+        )
         for name in names:
-            saved = ablate([] if name == "(nothing)" else [name])
-            try:
-                r = measure(cell, batch, steps_for(batch, steps, min_rows), repeats)
-            finally:
-                restore(saved)
-            generated = r["omnigen_us"] if generated is None else generated
+            us = r[f"without_{name}_us"]
+            cost = r["omnigen_us"] - us
             print(
-                f"{cell.label:42} {name:13} {r['omnigen_us']:>8.2f} {r['oracle_us']:>8.2f} {r['ratio']:>6.3f}"
-                f" {generated - r['omnigen_us']:>7.2f}",
+                f"{cell.label:42} {name:13} {us:>8.2f} {us / oracle:>6.3f} {cost:>7.2f} {cost / oracle:>9.3f}",
                 flush=True,
             )
     for name, (clause, _) in _ablations().items():
@@ -380,18 +380,34 @@ def _room(batch: int, mixed: bool) -> None:
 
 
 def measure(
-    cell: Cell, batch: int, steps: int, repeats: int, *, mixed: bool = False, hooks: str = "trivial"
+    cell: Cell,
+    batch: int,
+    steps: int,
+    repeats: int,
+    *,
+    mixed: bool = False,
+    hooks: str = "trivial",
+    without: tuple[str, ...] = (),
 ) -> dict[str, float]:
-    """µs per request per step for both runners: runner-only (hooks excluded) and hooks."""
+    """µs per request per step for both runners: runner-only (hooks excluded) and hooks.
+
+    ``without``: mechanisms of ``_ablations()``; omnigen also runs without each of them in turn,
+    interleaved with the two runners in every repeat (``without_NAME_us``)."""
     _room(batch, mixed)
     policy, ours, oracle, extra = _classes(cell)
     scen, plan = scenario(batch, steps, mixed=mixed, seeded_share=cell.seeded_share)
-    samples: dict[str, list[tuple[float, float]]] = {"oracle": [], "omnigen": []}
+    sides = [("oracle", oracle, None), ("omnigen", ours, None)]
+    sides += [(f"without_{name}", ours, name) for name in without]
+    samples: dict[str, list[tuple[float, float]]] = {name: [] for name, _, _ in sides}
     per = 1e6 / (steps * batch)
     with harness.harness_patches(extra):
         for _ in range(repeats):
-            for name, cls in (("oracle", oracle), ("omnigen", ours)):
-                total, inside = _drive(_prepare(cls, policy, extra, scen, plan, hooks))
+            for name, cls, ablation in sides:
+                saved = ablate([ablation] if ablation else [])
+                try:
+                    total, inside = _drive(_prepare(cls, policy, extra, scen, plan, hooks))
+                finally:
+                    restore(saved)
                 samples[name].append(((total - inside) * per, inside * per))
     result: dict[str, float] = {}
     for name, values in samples.items():
