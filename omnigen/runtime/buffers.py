@@ -19,8 +19,8 @@ RUNNER_META_KEYS = ("num_processed_tokens", "resumable")
 
 def to_host(value: Any) -> Any:
     """A buffer value as the buffer keeps it when its key is not GPU-resident: tensors on the host,
-    detached and contiguous (each step only where it changes something: this runs for every
-    update value of every row)."""
+    detached and contiguous (a detach or a copy only where it changes something: this runs for
+    every update value of every row)."""
     if isinstance(value, torch.Tensor):
         t = value.detach() if value.requires_grad else value
         if not t.is_cpu:

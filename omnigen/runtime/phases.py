@@ -7,6 +7,7 @@ the whole batch: numpy's for a large step, Python's for a small one.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import itertools
 import operator
@@ -201,7 +202,7 @@ def check_mtp_offsets(phases: RowPhases, num_tokens: int) -> None:
     offs = [phases.starts[row] for row in rows]
     if len(set(offs)) == len(offs) and all(0 <= off < num_tokens for off in offs):
         return
-    repeated = {off for off in offs if offs.count(off) > 1}
+    repeated = {off for off, count in collections.Counter(offs).items() if count > 1}
     bad = [
         f"{phases.req_ids[row]} (row {row}) at {off}"
         for row, off in zip(rows, offs, strict=True)
