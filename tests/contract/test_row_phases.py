@@ -4,6 +4,7 @@ bounds), spans and prefill states."""
 
 from __future__ import annotations
 
+import itertools
 from types import SimpleNamespace
 from unittest import mock
 
@@ -54,4 +55,10 @@ def test_the_python_and_the_vector_reads_agree(rows, laid_out):
     ends = [s + r[1] for s, r in zip(starts, rows, strict=True)]
     slots = [t for s, e in zip(starts, ends, strict=True) for t in range(s, e)]
     assert vector.disjoint is (len(slots) == len(set(slots)))
-    assert vector.single_decode == [r[1] == 1 and r[3] >= r[2] for r in rows]
+    decode = [r[1] == 1 and r[3] >= r[2] for r in rows]
+    assert vector.single_decode == decode
+    assert (vector.first_token, vector.end_token) == (min(starts), max(ends))
+    decode_starts = [s for s, d in zip(starts, decode, strict=True) if d]
+    assert vector.last_decode_start == (decode_starts[-1] if decode_starts else -1)
+    assert vector.decode_starts_increasing is all(a < b for a, b in itertools.pairwise(decode_starts))
+    assert vector.keys == [(f"r{i}", r[2], r[3], r[3] < r[2]) for i, r in enumerate(rows)]
