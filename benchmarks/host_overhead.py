@@ -10,6 +10,7 @@ Medians over repeats; the ratios are the result (the machine is shared).
     .venv/bin/python benchmarks/host_overhead.py                 # the full table, B in 1..256
     .venv/bin/python benchmarks/host_overhead.py --short         # the CI figure (scripts/test)
     .venv/bin/python benchmarks/host_overhead.py --profile tts_mtp --batch 256   # cProfile, by function
+    .venv/bin/python benchmarks/host_overhead.py --clauses --batch 256 --repeats 5   # each contract mechanism's cost
 
 Cells (``CELLS``): batched decode + MTP (qwen3_tts, unseeded and every row seeded), plain
 batched decode (the 3-tuple hook, on the Higgs talker as the differential tests run it),
