@@ -254,7 +254,7 @@ class Qwen3TtsRunner(OmniRunnerBase, vllm_api.GPUModelRunner):
             ids_out, embeds_out, last_hidden, text_step, updates = phases.batch_output(
                 req_ids, out, width, mtp_width
             )
-            # Their embeddings are the predictor's (2.3), written back after the loop, unless rows
+            # These rows' embeddings are the predictor's (2.3), written back after the loop, unless rows
             # share tokens: then a later row's hook reads what these rows write, in row order.
             if contiguous:
                 if not rows.disjoint:
