@@ -450,20 +450,19 @@ class StepJournal:
     def undo(self) -> None:
         runner = self._runner
         buffers = runner.model_intermediate_buffer
+        requests = runner.requests
         for req_id, buffer in self._rows:
             if buffer is None:
                 buffers.pop(req_id, None)
             else:
                 buffers[req_id] = buffer
-        for saved, contents in self._dicts:
-            saved.clear()
-            saved.update(contents)
-        # A mirror not recorded was its row's buffer (or None where the row had none).
-        requests = runner.requests
-        for req_id, buffer in self._rows:
+            # A mirror not recorded was its row's buffer (or None where the row had none).
             request = requests.get(req_id)
             if request is not None:
                 request.additional_information_cpu = buffer
+        for saved, contents in self._dicts:
+            saved.clear()
+            saved.update(contents)
         for request, mirror in self._mirrors:
             if mirror is _ABSENT:
                 with contextlib.suppress(AttributeError):
