@@ -121,25 +121,26 @@ class Indextts25Indextts25TalkerRunner(OmniRunnerBase, vllm_api.GPUModelRunner):
         # Every row's tokens lie within the step, or no hook runs (3.5).
         phases.check_row_bounds(rows, int(input_ids.shape[0]))
         width = inputs_embeds.shape[1]
+        # Each row's slices of the step's ids and embeddings, made together (3.3).
+        ids_slices, embeds_slices = phases.row_slices(rows, input_ids, inputs_embeds)
         for row in range(rows.num_rows):
             req_id = rows.req_ids[row]
             infos = self._request_buffer(req_id)
             phases.stamp(infos, rows.keys[row])
             start = rows.starts[row]
             end = rows.ends[row]
+            row_ids, row_embeds = ids_slices[row], embeds_slices[row]
             try:
-                out = self.model.preprocess(
-                    input_ids=input_ids[start:end], input_embeds=inputs_embeds[start:end], **infos
-                )
+                out = self.model.preprocess(input_ids=row_ids, input_embeds=row_embeds, **infos)
             except Exception as exc:
                 phases.note_hook_failure(exc, "preprocess", [req_id])
                 raise
             # The result is checked (arity, count, width, dtype, types) before anything is written (3.5).
             ids_out, embeds_out, update = phases.row_output(req_id, out, end - start, width)
             self._update_intermediate_buffer(req_id, update)
-            inputs_embeds[start:end] = embeds_out
+            phases.write_into(row_embeds, embeds_out)
             if ids_out is not None:
-                input_ids[start:end] = ids_out.reshape(-1)
+                phases.write_into(row_ids, ids_out)
 
     def _should_accumulate_full_payload_output(self) -> bool:
         """Whether this stage keeps a full payload to send at request end (5.2)."""

@@ -114,6 +114,8 @@ class MimoAudioFusedThinkerTalkerRunner(OmniRunnerBase, vllm_api.GPUModelRunner)
         # Every row's tokens lie within the step, or no hook runs (3.5).
         phases.check_row_bounds(rows, int(input_ids.shape[0]))
         width = inputs_embeds.shape[1]
+        # Each row's slices of the step's ids and embeddings, made together (3.3).
+        ids_slices, embeds_slices = phases.row_slices(rows, input_ids, inputs_embeds)
         for row in range(rows.num_rows):
             req_id = rows.req_ids[row]
             infos = self._request_buffer(req_id)
@@ -123,19 +125,18 @@ class MimoAudioFusedThinkerTalkerRunner(OmniRunnerBase, vllm_api.GPUModelRunner)
             infos = self._attach_request_features(self.requests.get(req_id), infos, req_id)
             start = rows.starts[row]
             end = rows.ends[row]
+            row_ids, row_embeds = ids_slices[row], embeds_slices[row]
             try:
-                out = self.model.preprocess(
-                    input_ids=input_ids[start:end], input_embeds=inputs_embeds[start:end], **infos
-                )
+                out = self.model.preprocess(input_ids=row_ids, input_embeds=row_embeds, **infos)
             except Exception as exc:
                 phases.note_hook_failure(exc, "preprocess", [req_id])
                 raise
             # The result is checked (arity, count, width, dtype, types) before anything is written (3.5).
             ids_out, embeds_out, update = phases.row_output(req_id, out, end - start, width)
             self._update_intermediate_buffer(req_id, update)
-            inputs_embeds[start:end] = embeds_out
+            phases.write_into(row_embeds, embeds_out)
             if ids_out is not None:
-                input_ids[start:end] = ids_out.reshape(-1)
+                phases.write_into(row_ids, ids_out)
 
     def _attach_request_features(self, req_state: Any, req_infos: Any, req_id: str) -> Any:
         """A copy of the row's infos with the request's ``mm_features`` and ``req_id`` (3.8)."""

@@ -86,13 +86,7 @@ class OmnigenTinyOmniTalkerRunner(OmniRunnerBase, vllm_api.GPUModelRunner):
         with vllm_api.set_forward_context(
             None, self.vllm_config, cudagraph_runtime_mode=mode, batch_descriptor=batch_descriptor
         ):
-            self.talker_mtp(
-                self.talker_mtp_input_ids.gpu[:padded],
-                self.talker_mtp_inputs_embeds.gpu[:padded],
-                self.last_talker_hidden.gpu[:padded],
-                self.text_step.gpu[:padded],
-                **kwargs,
-            )
+            self.talker_mtp(*mtp.leading_rows(self, padded), **kwargs)
 
     def _model_forward(
         self,
@@ -203,19 +197,18 @@ class OmnigenTinyOmniTalkerRunner(OmniRunnerBase, vllm_api.GPUModelRunner):
                 phases.stamp(infos, rows.keys[row])
                 start = rows.starts[row]
                 end = rows.ends[row]
+                row_ids, row_embeds = input_ids[start:end], inputs_embeds[start:end]
                 try:
-                    out = self.model.preprocess(
-                        input_ids=input_ids[start:end], input_embeds=inputs_embeds[start:end], **infos
-                    )
+                    out = self.model.preprocess(input_ids=row_ids, input_embeds=row_embeds, **infos)
                 except Exception as exc:
                     phases.note_hook_failure(exc, "preprocess", [req_id])
                     raise
                 # The result is checked (arity, count, width, dtype, types) before anything is written (3.5).
                 ids_out, embeds_out, update = phases.row_output(req_id, out, end - start, width)
                 self._update_intermediate_buffer(req_id, update)
-                inputs_embeds[start:end] = embeds_out
+                phases.write_into(row_embeds, embeds_out)
                 if ids_out is not None:
-                    input_ids[start:end] = ids_out.reshape(-1)
+                    phases.write_into(row_ids, ids_out)
                 continue
             req_ids = rows.req_ids[first:last]
             infos = phases.stamp_batch(self, req_ids, rows.keys[first:last])
@@ -244,7 +237,7 @@ class OmnigenTinyOmniTalkerRunner(OmniRunnerBase, vllm_api.GPUModelRunner):
             if contiguous:
                 if not rows.disjoint:
                     inputs_embeds[start : start + len(offsets)].copy_(embeds_out)
-                input_ids[start : start + len(offsets)].copy_(ids_out.reshape(-1))
+                phases.write_into(input_ids[start : start + len(offsets)], ids_out)
             else:
                 if not rows.disjoint:
                     inputs_embeds.index_copy_(0, index, embeds_out)
@@ -260,12 +253,12 @@ class OmnigenTinyOmniTalkerRunner(OmniRunnerBase, vllm_api.GPUModelRunner):
         if mtp_req_ids:
             # The MTP rows run once, after every row's hook, in row order (3.4): their inputs are
             # staged in the first rows of the four buffers, one copy each.
-            count = len(mtp_req_ids)
+            ids_slots, embeds_slots, hidden_slots, text_slots = mtp.leading_rows(self, len(mtp_req_ids))
             ids = mtp.flat_ids(mtp_ids)
-            self.talker_mtp_input_ids.gpu[:count].copy_(ids)
-            self.talker_mtp_inputs_embeds.gpu[:count].copy_(mtp.stack_rows(mtp_embeds, width))
-            self.last_talker_hidden.gpu[:count].copy_(mtp.stack_rows(mtp_hidden, mtp_width))
-            self.text_step.gpu[:count].copy_(mtp.stack_rows(mtp_text, mtp_width))
+            ids_slots.copy_(ids)
+            embeds_slots.copy_(mtp.stack_rows(mtp_embeds, width))
+            hidden_slots.copy_(mtp.stack_rows(mtp_hidden, mtp_width))
+            text_slots.copy_(mtp.stack_rows(mtp_text, mtp_width))
             self._talker_mtp_forward(mtp_req_ids, inputs_embeds, mtp_offsets)
 
     def _talker_mtp_forward(
@@ -294,7 +287,7 @@ class OmnigenTinyOmniTalkerRunner(OmniRunnerBase, vllm_api.GPUModelRunner):
         generators = mtp.row_generators(
             self._talker_mtp_generators, self.requests, req_ids, self.talker_mtp_input_ids.gpu.device
         )
-        seeded = any(generator is not None for generator in generators)
+        seeded = generators.count(None) != batch
         if seeded and batch > 1 and graph_wrapped:
             # mtp.per_row_generators=eager_only: a graph-wrapped predictor takes one generator,
             # so seeded rows run alone.
@@ -310,13 +303,7 @@ class OmnigenTinyOmniTalkerRunner(OmniRunnerBase, vllm_api.GPUModelRunner):
         with vllm_api.set_forward_context(
             None, self.vllm_config, cudagraph_runtime_mode=mode, batch_descriptor=batch_descriptor
         ):
-            embeds_out, codes = self.talker_mtp(
-                self.talker_mtp_input_ids.gpu[:padded],
-                self.talker_mtp_inputs_embeds.gpu[:padded],
-                self.last_talker_hidden.gpu[:padded],
-                self.text_step.gpu[:padded],
-                **kwargs,
-            )
+            embeds_out, codes = self.talker_mtp(*mtp.leading_rows(self, padded), **kwargs)
         if start_offsets is None:
             index_of = self.input_batch.req_id_to_index
             start_offsets = [int(self.query_start_loc.cpu[index_of[req_id]]) for req_id in req_ids]
@@ -324,7 +311,7 @@ class OmnigenTinyOmniTalkerRunner(OmniRunnerBase, vllm_api.GPUModelRunner):
         if codes is None:
             return
         # mtp.output_key codes.audio is not GPU-resident: one host copy, a row view per request.
-        rows = mtp.row_views(codes[:batch].detach().to("cpu"))
+        rows = mtp.owned_code_rows(codes, batch, on_device=False)
         mtp.store_code_rows(self, req_ids, rows, self.MTP_OUTPUT_KEY)
 
     def _talker_mtp_forward_row_by_row(
@@ -354,15 +341,10 @@ class OmnigenTinyOmniTalkerRunner(OmniRunnerBase, vllm_api.GPUModelRunner):
         else:
             mode, padded = vllm_api.CUDAGraphMode.NONE, 1
         kwargs = mtp.sampling_kwargs(self.vllm_config.model_config, self.MTP_SAMPLING_DEFAULTS)
-        mtp_buffers = (
-            self.talker_mtp_input_ids,
-            self.talker_mtp_inputs_embeds,
-            self.last_talker_hidden,
-            self.text_step,
-        )
-        staged = [buffer.gpu[:batch].clone() for buffer in mtp_buffers]
-        inputs = [buffer.gpu[:padded] for buffer in mtp_buffers]
-        slots = [buffer.gpu[:1] for buffer in mtp_buffers]
+        batch_rows = mtp.leading_rows(self, batch)
+        staged = [leading.clone() for leading in batch_rows]
+        inputs = mtp.leading_rows(self, padded)
+        slots = mtp.leading_rows(self, 1)
         embeds_rows = inputs_embeds.new_empty((batch, inputs_embeds.shape[1]))
         codes_rows: torch.Tensor | None = None
         with_codes: list[int] = []
@@ -384,8 +366,8 @@ class OmnigenTinyOmniTalkerRunner(OmniRunnerBase, vllm_api.GPUModelRunner):
                     codes_rows[row].copy_(codes[0])
                     with_codes.append(row)
         finally:
-            for buffer, saved in zip(mtp_buffers, staged, strict=True):
-                buffer.gpu[:batch].copy_(saved)
+            for leading, saved in zip(batch_rows, staged, strict=True):
+                leading.copy_(saved)
         if start_offsets is None:
             index_of = self.input_batch.req_id_to_index
             start_offsets = [int(self.query_start_loc.cpu[index_of[req_id]]) for req_id in req_ids]

@@ -36,6 +36,8 @@ class OmniRunnerBase:
         self._local_stage_payload_cache: dict[str, dict[str, Any]] = {}
         self._full_payload_pending_broadcast_req_ids: set[str] = set()
         self._talker_mtp_generators: dict[str, torch.Generator] = {}
+        self._talker_mtp_views: dict[int, Any] = {}
+        """``mtp.leading_rows``' views of the four MTP buffers, by row count."""
         self.omni_prefix_cache = None
         self._omni_last_model_output: Any = None
         self._omni_step: step_outputs.StepSnapshot | None = None

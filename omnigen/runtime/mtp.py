@@ -6,6 +6,7 @@ decided when the runner is generated; these helpers receive them as arguments.
 
 from __future__ import annotations
 
+import operator
 from typing import Any
 
 import torch
@@ -75,11 +76,16 @@ def sampling_kwargs(model_config: Any, defaults: dict[str, Any]) -> dict[str, An
 def scatter_rows(inputs_embeds: torch.Tensor, offsets: list[int], rows: torch.Tensor) -> None:
     """Write row i of ``rows`` to ``inputs_embeds[offsets[i]]`` in one device operation."""
     n = len(offsets)
-    if offsets == list(range(n)):
-        inputs_embeds[:n].copy_(rows[:n])
+    if n == 0:
+        return
+    # A padded graph replay returns more rows than there are requests.
+    rows = rows if rows.shape[0] == n else rows[:n]
+    first = offsets[0]
+    if offsets == list(range(first, first + n)):
+        inputs_embeds[first : first + n].copy_(rows)
         return
     index = torch.tensor(offsets, dtype=torch.long).to(inputs_embeds.device, non_blocking=True)
-    inputs_embeds.index_copy_(0, index, rows[:n])
+    inputs_embeds.index_copy_(0, index, rows)
 
 
 def store_code_rows(
@@ -107,6 +113,41 @@ def store_code_rows(
         request.additional_information_cpu = buffer
 
 
+def leading_rows(runner: Any, rows: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The first ``rows`` rows of the four MTP buffers (2.1), as views kept per row count in
+    ``runner._talker_mtp_views``: a step takes them twice (to stage its rows, to call the
+    predictor), and a view costs about a microsecond to make. Views of a buffer that was replaced
+    since are dropped and made again."""
+    buffers = (
+        runner.talker_mtp_input_ids.gpu,
+        runner.talker_mtp_inputs_embeds.gpu,
+        runner.last_talker_hidden.gpu,
+        runner.text_step.gpu,
+    )
+    cache = runner._talker_mtp_views
+    entry = cache.get(rows)
+    if entry is not None:
+        sources, views = entry
+        # By identity: a tensor's == compares elements.
+        if all(map(operator.is_, sources, buffers)):
+            return views
+        cache.clear()
+    views = (buffers[0][:rows], buffers[1][:rows], buffers[2][:rows], buffers[3][:rows])
+    cache[rows] = (buffers, views)
+    return views
+
+
+def owned_code_rows(codes: torch.Tensor, batch: int, *, on_device: bool) -> tuple[torch.Tensor, ...]:
+    """The codes of a step's ``batch`` MTP rows (a padded replay returns more) as one copy of the
+    predictor's output (on the device for a GPU-resident output key, else on the host), a row view
+    per request. A slice or detach only where it changes something: this runs on every step."""
+    if codes.shape[0] != batch:
+        codes = codes[:batch]
+    if codes.requires_grad:
+        codes = codes.detach()
+    return row_views(codes.clone() if on_device else codes.to("cpu"))
+
+
 def row_views(tensor: torch.Tensor) -> tuple[torch.Tensor, ...]:
     """Each row of ``tensor`` as a one-row view (``tensor.split(1)``; split by a list of sizes, which
     makes the same views about a quarter faster: one view per request per step)."""
@@ -114,13 +155,14 @@ def row_views(tensor: torch.Tensor) -> tuple[torch.Tensor, ...]:
 
 
 def stack_rows(tensors: list[torch.Tensor], width: int) -> torch.Tensor:
-    """The step's MTP inputs (one entry per per-row hook row, one per decode batch) as one
-    ``(rows, width)`` tensor, in one device operation when every entry is a 1-D vector or every
+    """The step's MTP inputs (one entry per per-row hook row, one per decode batch) as one tensor
+    to copy into the ``(rows, width)`` staging rows, in one device operation when every entry is a 1-D vector or every
     entry a ``(rows, width)`` block (a model may hand back either: Qwen3-Omni's talker returns
     1-D hidden vectors); anything else is reshaped row by row first."""
     first = tensors[0]
     if len(tensors) == 1 and first.dim() in (1, 2) and first.shape[-1] == width:
-        return first.unsqueeze(0) if first.dim() == 1 else first
+        # A single row's 1-D vector as it is: copying it into one staging row broadcasts it.
+        return first
     if first.dim() == 2 and all(t.dim() == 2 and t.shape[1] == width for t in tensors):
         return torch.cat(tensors)
     if first.dim() == 1 and all(t.dim() == 1 and t.shape[0] == width for t in tensors):

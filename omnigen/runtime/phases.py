@@ -46,6 +46,9 @@ class RowPhases:
     disjoint: bool
     """No two rows share a token slot. (Rows may overlap: a later row's hook then reads what an
     earlier row wrote, so writes are deferred only when this is true.)"""
+    tiled: bool
+    """Each row starts where the one before it ends (vLLM's layout), so the rows' slices are one
+    split of the step's tokens."""
     decode_starts_increasing: bool
     """The single-token decode rows' starts increase in row order (so they are distinct)."""
     last_decode_start: int
@@ -69,6 +72,8 @@ def read_row_phases(
     n = len(req_ids)
     if n >= VECTOR_ROWS:
         return _read_rows_vectorized(req_ids, input_batch, query_start_loc, num_scheduled_tokens)
+    if n == 1:
+        return _read_one_row(req_ids, input_batch, query_start_loc, num_scheduled_tokens)
     starts = query_start_loc.np[:n].tolist()
     spans = list(map(num_scheduled_tokens.__getitem__, req_ids))
     prompt_lens = input_batch.num_prompt_tokens[:n].tolist()
@@ -77,7 +82,8 @@ def read_row_phases(
     is_prefill = list(map(operator.lt, computed, prompt_lens))
     single_decode = [span == 1 and not prefill for span, prefill in zip(spans, is_prefill, strict=True)]
     decode_starts = list(itertools.compress(starts, single_decode))
-    disjoint = all(map(operator.le, ends[:-1], starts[1:])) or _disjoint_unordered(starts, ends)
+    tiled = ends[:-1] == starts[1:]
+    disjoint = tiled or all(map(operator.le, ends[:-1], starts[1:])) or _disjoint_unordered(starts, ends)
     return RowPhases(
         req_ids=req_ids,
         starts=starts,
@@ -87,8 +93,35 @@ def read_row_phases(
         first_token=min(starts, default=0),
         end_token=max(ends, default=0),
         disjoint=disjoint,
+        tiled=tiled,
         decode_starts_increasing=all(map(operator.lt, decode_starts, decode_starts[1:])),
         last_decode_start=decode_starts[-1] if decode_starts else -1,
+    )
+
+
+def _read_one_row(
+    req_ids: list[str], input_batch: Any, query_start_loc: Any, num_scheduled_tokens: dict[str, int]
+) -> RowPhases:
+    """``read_row_phases`` for a one-row step: the same values, read as scalars."""
+    req_id = req_ids[0]
+    start = int(query_start_loc.np[0])
+    end = start + num_scheduled_tokens[req_id]
+    prompt_len = int(input_batch.num_prompt_tokens[0])
+    computed = int(input_batch.num_computed_tokens_cpu[0])
+    prefill = computed < prompt_len
+    decode = end - start == 1 and not prefill
+    return RowPhases(
+        req_ids=req_ids,
+        starts=[start],
+        ends=[end],
+        keys=[(req_id, prompt_len, computed, prefill)],
+        single_decode=[decode],
+        first_token=start,
+        end_token=end,
+        disjoint=True,
+        tiled=True,
+        decode_starts_increasing=True,
+        last_decode_start=start if decode else -1,
     )
 
 
@@ -108,7 +141,8 @@ def _read_rows_vectorized(
     computed = input_batch.num_computed_tokens_cpu[:n]
     is_prefill = computed < prompt_lens
     ends = offsets + spans
-    if (offsets[1:] >= ends[:-1]).all():
+    tiled = bool((offsets[1:] == ends[:-1]).all())
+    if tiled or (offsets[1:] >= ends[:-1]).all():
         disjoint = True
     else:
         order = np.argsort(offsets, kind="stable")
@@ -124,9 +158,47 @@ def _read_rows_vectorized(
         first_token=int(offsets.min()),
         end_token=int(ends.max()),
         disjoint=disjoint,
+        tiled=tiled,
         decode_starts_increasing=bool((decode_starts[1:] > decode_starts[:-1]).all()),
         last_decode_start=int(decode_starts[-1]) if decode_starts.size else -1,
     )
+
+
+SPLIT_ROWS = 8
+"""From this many rows on, a tiled step's row slices are made by one ``split``: a view costs half
+as much that way, but the call has a fixed cost of a few views."""
+
+
+def row_slices(
+    rows: RowPhases, input_ids: torch.Tensor, inputs_embeds: torch.Tensor
+) -> tuple[list[torch.Tensor] | tuple[torch.Tensor, ...], list[torch.Tensor] | tuple[torch.Tensor, ...]]:
+    """Each row's ``input_ids[start:end]`` and ``inputs_embeds[start:end]`` views, the ones a
+    per-row hook gets (3.3). Call after ``check_row_bounds``."""
+    n = rows.num_rows
+    if rows.tiled and n >= SPLIT_ROWS:
+        spans = list(map(operator.sub, rows.ends, rows.starts))
+        first, last = rows.first_token, rows.end_token
+        return input_ids[first:last].split(spans), inputs_embeds[first:last].split(spans)
+    if n == 1:
+        start, end = rows.starts[0], rows.ends[0]
+        return [input_ids[start:end]], [inputs_embeds[start:end]]
+    bounds = list(zip(rows.starts, rows.ends, strict=True))
+    return [input_ids[s:e] for s, e in bounds], [inputs_embeds[s:e] for s, e in bounds]
+
+
+def write_into(slots: torch.Tensor, values: torch.Tensor) -> None:
+    """``slots.copy_(values)``, ``values`` reshaped to the slots' shape (ids may come back 2-D),
+    unless ``values`` already are the slots' memory: a hook that keeps its inputs hands back its
+    input or a view of it, and copying memory onto itself is a wasted device operation."""
+    if values is slots or (
+        values.data_ptr() == slots.data_ptr()
+        and values.dtype == slots.dtype
+        and values.numel() == slots.numel()
+        and values.is_contiguous()
+        and slots.is_contiguous()
+    ):
+        return
+    slots.copy_(values if values.shape == slots.shape else values.reshape(slots.shape))
 
 
 RUNNER_KEYS = ("request_id", "_omni_prompt_len", "_omni_num_computed_tokens", "_omni_is_prefill")
@@ -168,7 +240,12 @@ def segments(batchable: list[bool]) -> list[tuple[int, int, bool]]:
 
 
 def check_contiguous_runs(phases: RowPhases, runs: list[tuple[int, int, bool]], num_tokens: int) -> None:
-    """Raise before any hook runs if a non-MTP decode batch's offsets are not contiguous and in bounds (3.5)."""
+    """Raise before any hook runs if a non-MTP decode batch's offsets are not contiguous and in bounds (3.5).
+
+    Tiled rows within the step pass without a look at each run: a batch's rows are single-token
+    decodes, each starting where the one before it ends."""
+    if phases.tiled and phases.first_token >= 0 and phases.end_token <= num_tokens:
+        return
     for start, end, is_batch in runs:
         if not is_batch:
             continue
@@ -251,7 +328,13 @@ def stamp_batch(
         buffer = existing.get(req_id)
         if buffer is None:
             buffer = runner._request_buffer(req_id)
-        stamp(buffer, key)
+        # stamp(buffer, key), inlined: this runs for every row of a batch.
+        (
+            buffer["request_id"],
+            buffer["_omni_prompt_len"],
+            buffer["_omni_num_computed_tokens"],
+            buffer["_omni_is_prefill"],
+        ) = key
         own.append(buffer)
     if not attach_request_features:
         return own
@@ -493,7 +576,21 @@ def row_output(
     req_id: str, out: Any, span: int, width: int, mtp_width: int | None = None, hook: str = "preprocess"
 ) -> Any:
     """A per-row hook's ``(ids, embeddings, update)``, checked by ``check_row_output``; a result of
-    another arity is a ``ValueError`` naming the request and the hook, not an unpacking error."""
+    another arity is a ``ValueError`` naming the request and the hook, not an unpacking error.
+    The common case (tensor ids) is checked here in one expression: this runs on every row."""
+    if isinstance(out, tuple) and len(out) == 3:
+        ids, embeds, update = out
+        if (
+            isinstance(embeds, torch.Tensor)
+            and embeds.shape == (span, width)
+            and embeds.is_floating_point()
+            and isinstance(ids, torch.Tensor)
+            and ids.numel() == span
+            and ids.dtype in _INTEGER_DTYPES
+            and (update is None or isinstance(update, dict))
+            and (mtp_width is None or _mtp_inputs_ok(update, mtp_width))
+        ):
+            return out
     if not isinstance(out, tuple) or len(out) != 3:
         got = (
             f"a {type(out).__name__} of {len(out)}" if isinstance(out, (tuple, list)) else type(out).__name__

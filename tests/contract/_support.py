@@ -734,6 +734,7 @@ def bare_runner(cls: type, **attrs: Any) -> Any:
     runner._local_stage_payload_cache = {}
     runner._full_payload_pending_broadcast_req_ids = set()
     runner._talker_mtp_generators = {}
+    runner._talker_mtp_views = {}
     runner.omni_prefix_cache = None
     runner.requests = {}
     for name, value in attrs.items():

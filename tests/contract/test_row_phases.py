@@ -1,6 +1,6 @@
-"""``read_row_phases`` reads a step's rows with Python below ``VECTOR_ROWS`` rows and numpy from
-there on: both must give the same rows and facts, for any offsets (unordered, overlapping, out of
-bounds), spans and prefill states."""
+"""``read_row_phases`` reads a step's rows with Python below ``VECTOR_ROWS`` rows (as scalars for
+one row) and numpy from there on: all must give the same rows and facts, for any offsets
+(unordered, overlapping, out of bounds), spans and prefill states."""
 
 from __future__ import annotations
 
@@ -55,6 +55,7 @@ def test_the_python_and_the_vector_reads_agree(rows, laid_out):
     ends = [s + r[1] for s, r in zip(starts, rows, strict=True)]
     slots = [t for s, e in zip(starts, ends, strict=True) for t in range(s, e)]
     assert vector.disjoint is (len(slots) == len(set(slots)))
+    assert vector.tiled is all(end == start for end, start in zip(ends[:-1], starts[1:], strict=True))
     decode = [r[1] == 1 and r[3] >= r[2] for r in rows]
     assert vector.single_decode == decode
     assert (vector.first_token, vector.end_token) == (min(starts), max(ends))
@@ -62,3 +63,12 @@ def test_the_python_and_the_vector_reads_agree(rows, laid_out):
     assert vector.last_decode_start == (decode_starts[-1] if decode_starts else -1)
     assert vector.decode_starts_increasing is all(a < b for a, b in itertools.pairwise(decode_starts))
     assert vector.keys == [(f"r{i}", r[2], r[3], r[3] < r[2]) for i, r in enumerate(rows)]
+
+
+@settings(max_examples=100, deadline=None)
+@given(row=ROW)
+def test_the_one_row_read_agrees_with_the_vector_read(row):
+    step = _step([row])
+    one = phases.read_row_phases(*step)
+    assert one == phases._read_rows_vectorized(step[0].req_ids, *step)
+    assert all(type(value) is int for value in (*one.starts, *one.ends, *one.keys[0][1:3]))

@@ -700,7 +700,7 @@ RUNNER_ATTRIBUTES = (
     # persistent batch state and buffers
     "input_batch", "requests", "query_start_loc", "input_ids", "inputs_embeds", "positions",
     # omni state
-    "model_intermediate_buffer", "_talker_mtp_generators", "has_talker_mtp",
+    "model_intermediate_buffer", "_talker_mtp_generators", "_talker_mtp_views", "has_talker_mtp",
     "_omni_num_scheduled_tokens_np", "_omni_query_start_loc_model_kwarg", "_omni_last_model_output",
     "_local_stage_payload_cache", "_full_payload_pending_broadcast_req_ids", "omni_prefix_cache",
     # stub
@@ -825,6 +825,7 @@ def build_runner(
     runner.positions = torch.zeros(MAX_NUM_TOKENS, dtype=torch.int64)
     runner.model_intermediate_buffer = {}
     runner._talker_mtp_generators = {}
+    runner._talker_mtp_views = {}
     runner.has_talker_mtp = False
     runner._omni_num_scheduled_tokens_np = None
     # What the oracle's load_model reads from the model (supports_omni_query_start_loc).
