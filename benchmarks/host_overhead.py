@@ -341,7 +341,7 @@ def clause_costs(cells: list[str], batch: int, steps: int, repeats: int, min_row
     """What each mechanism of ``_ablations()`` costs omnigen per request at ``batch`` (decode): in
     every repeat the oracle, omnigen as generated and omnigen without each mechanism in turn run
     interleaved; costs = as generated - without (medians), also as a share of vllm-omni's time."""
-    names = list(_ablations())
+    names = [*_ablations(), "all"]
     print(
         f"{'cell':42} {'without':13} {'omnigen':>8} {'ratio':>6} {'costs':>7} {'of oracle':>9}   "
         f"µs/request/step at B={batch}, decode",
@@ -363,6 +363,9 @@ def clause_costs(cells: list[str], batch: int, steps: int, repeats: int, min_row
             )
     for name, (clause, _) in _ablations().items():
         print(f"  {name:13} {clause}")
+    print(
+        f"  {'all':13} every mechanism above at once: what omnigen costs without the contract's bookkeeping"
+    )
 
 
 @functools.cache
@@ -392,19 +395,21 @@ def measure(
 ) -> dict[str, float]:
     """µs per request per step for both runners: runner-only (hooks excluded) and hooks.
 
-    ``without``: mechanisms of ``_ablations()``; omnigen also runs without each of them in turn,
-    interleaved with the two runners in every repeat (``without_NAME_us``)."""
+    ``without``: mechanisms of ``_ablations()`` (or ``"all"``: every one of them at once); omnigen
+    also runs without each of them in turn, interleaved with the two runners in every repeat
+    (``without_NAME_us``)."""
     _room(batch, mixed)
     policy, ours, oracle, extra = _classes(cell)
     scen, plan = scenario(batch, steps, mixed=mixed, seeded_share=cell.seeded_share)
-    sides = [("oracle", oracle, None), ("omnigen", ours, None)]
-    sides += [(f"without_{name}", ours, name) for name in without]
+    sides = [("oracle", oracle, ()), ("omnigen", ours, ())]
+    every = tuple(_ablations())
+    sides += [(f"without_{name}", ours, every if name == "all" else (name,)) for name in without]
     samples: dict[str, list[tuple[float, float]]] = {name: [] for name, _, _ in sides}
     per = 1e6 / (steps * batch)
     with harness.harness_patches(extra):
         for _ in range(repeats):
             for name, cls, ablation in sides:
-                saved = ablate([ablation] if ablation else [])
+                saved = ablate(list(ablation))
                 try:
                     total, inside = _drive(_prepare(cls, policy, extra, scen, plan, hooks))
                 finally:
