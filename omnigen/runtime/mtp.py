@@ -6,6 +6,7 @@ decided when the runner is generated; these helpers receive them as arguments.
 
 from __future__ import annotations
 
+import contextlib
 import operator
 from typing import Any
 
@@ -163,10 +164,16 @@ def stack_rows(tensors: list[torch.Tensor], width: int) -> torch.Tensor:
     if len(tensors) == 1 and first.dim() in (1, 2) and first.shape[-1] == width:
         # A single row's 1-D vector as it is: copying it into one staging row broadcasts it.
         return first
-    if first.dim() == 2 and all(t.dim() == 2 and t.shape[1] == width for t in tensors):
-        return torch.cat(tensors)
-    if first.dim() == 1 and all(t.dim() == 1 and t.shape[0] == width for t in tensors):
-        return torch.stack(tensors)
+    # Whether the entries join is asked of torch (mixed shapes raise), not entry by entry: this
+    # runs on every step with one entry per MTP row.
+    joined = None
+    with contextlib.suppress(RuntimeError):
+        if first.dim() == 2:
+            joined = torch.cat(tensors)
+        elif first.dim() == 1:
+            joined = torch.stack(tensors)
+    if joined is not None and joined.dim() == 2 and joined.shape[1] == width:
+        return joined
     return torch.cat([t.reshape(-1, width) for t in tensors])
 
 

@@ -106,3 +106,29 @@ def test_write_into_copies_unless_the_values_are_the_slots():
     as_floats = raw.view(torch.float32)
     phases.write_into(as_floats, raw)
     assert as_floats.tolist() == [1.0, 2.0, 3.0]
+
+
+@pytest.mark.parametrize(
+    "shapes",
+    [
+        [(HIDDEN,)] * 3,  # Qwen3-Omni's talker: 1-D hidden vectors
+        [(1, HIDDEN)] * 3,  # one (1, width) block per per-row hook row
+        [(2, HIDDEN), (1, HIDDEN)],  # decode batches' blocks
+        [(HIDDEN,), (1, HIDDEN), (2, HIDDEN)],  # mixed: reshaped row by row
+        [(1, HIDDEN), (HIDDEN,)],
+        [(1, 1, HIDDEN), (HIDDEN,)],
+    ],
+)
+def test_stack_rows_gives_the_rows_in_order(shapes):
+    tensors = [torch.randn(shape) for shape in shapes]
+    expected = torch.cat([t.reshape(-1, HIDDEN) for t in tensors])
+    stacked = mtp.stack_rows(tensors, HIDDEN)
+    assert torch.equal(stacked, expected)
+
+
+def test_a_single_mtp_row_is_copied_into_its_staging_row_as_it_is():
+    row = torch.randn(HIDDEN)
+    assert mtp.stack_rows([row], HIDDEN) is row
+    slots = torch.zeros(1, HIDDEN)
+    slots.copy_(mtp.stack_rows([row], HIDDEN))
+    assert torch.equal(slots[0], row)
