@@ -157,9 +157,9 @@ def row_views(tensor: torch.Tensor) -> tuple[torch.Tensor, ...]:
 
 def stack_rows(tensors: list[torch.Tensor], width: int) -> torch.Tensor:
     """The step's MTP inputs (one entry per per-row hook row, one per decode batch) as one tensor
-    to copy into the ``(rows, width)`` staging rows, in one device operation when every entry is a 1-D vector or every
-    entry a ``(rows, width)`` block (a model may hand back either: Qwen3-Omni's talker returns
-    1-D hidden vectors); anything else is reshaped row by row first."""
+    to copy into the ``(rows, width)`` staging rows: in one device operation when every entry is
+    a 1-D vector or every entry a ``(rows, width)`` block (a model may hand back either: Qwen3-Omni's
+    talker returns 1-D hidden vectors); anything else is reshaped row by row first."""
     first = tensors[0]
     if len(tensors) == 1 and first.dim() in (1, 2) and first.shape[-1] == width:
         # A single row's 1-D vector as it is: copying it into one staging row broadcasts it.

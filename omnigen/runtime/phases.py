@@ -11,6 +11,7 @@ import collections
 import contextlib
 import itertools
 import operator
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -171,7 +172,7 @@ as much that way, but the call has a fixed cost of a few views."""
 
 def row_slices(
     rows: RowPhases, input_ids: torch.Tensor, inputs_embeds: torch.Tensor
-) -> tuple[list[torch.Tensor] | tuple[torch.Tensor, ...], list[torch.Tensor] | tuple[torch.Tensor, ...]]:
+) -> tuple[Sequence[torch.Tensor], Sequence[torch.Tensor]]:
     """Each row's ``input_ids[start:end]`` and ``inputs_embeds[start:end]`` views, the ones a
     per-row hook gets (3.3). Call after ``check_row_bounds``."""
     n = rows.num_rows
