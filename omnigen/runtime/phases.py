@@ -175,14 +175,10 @@ def row_slices(
 ) -> tuple[Sequence[torch.Tensor], Sequence[torch.Tensor]]:
     """Each row's ``input_ids[start:end]`` and ``inputs_embeds[start:end]`` views, the ones a
     per-row hook gets (3.3). Call after ``check_row_bounds``."""
-    n = rows.num_rows
-    if rows.tiled and n >= SPLIT_ROWS:
+    if rows.tiled and rows.num_rows >= SPLIT_ROWS:
         spans = list(map(operator.sub, rows.ends, rows.starts))
         first, last = rows.first_token, rows.end_token
         return input_ids[first:last].split(spans), inputs_embeds[first:last].split(spans)
-    if n == 1:
-        start, end = rows.starts[0], rows.ends[0]
-        return [input_ids[start:end]], [inputs_embeds[start:end]]
     bounds = list(zip(rows.starts, rows.ends, strict=True))
     return [input_ids[s:e] for s, e in bounds], [inputs_embeds[s:e] for s, e in bounds]
 
@@ -576,58 +572,31 @@ ROW_RESULT = "(ids, embeddings, update)"
 def row_output(
     req_id: str, out: Any, span: int, width: int, mtp_width: int | None = None, hook: str = "preprocess"
 ) -> Any:
-    """A per-row hook's ``(ids, embeddings, update)``, checked by ``check_row_output``; a result of
-    another arity is a ``ValueError`` naming the request and the hook, not an unpacking error.
-    The common case (tensor ids) is checked here in one expression: this runs on every row."""
-    if isinstance(out, tuple) and len(out) == 3:
-        ids, embeds, update = out
-        if (
-            isinstance(embeds, torch.Tensor)
-            and embeds.shape == (span, width)
-            and embeds.is_floating_point()
-            and isinstance(ids, torch.Tensor)
-            and ids.numel() == span
-            and ids.dtype in _INTEGER_DTYPES
-            and (update is None or isinstance(update, dict))
-            and (mtp_width is None or _mtp_inputs_ok(update, mtp_width))
-        ):
-            return out
+    """A per-row hook's ``(ids, embeddings, update)``, or a ``ValueError`` naming the request and
+    the hook, raised before anything is written (3.5), unless the row got what it needs: ``span``
+    embedding rows of ``width`` (floating point), ``span`` integer ids (or None, to keep the
+    scheduled ones; not on a talker-MTP row, whose ids feed the predictor), an update dict (or
+    None), and, on an MTP row, ``mtp_inputs`` of two floating-point hidden vectors of
+    ``mtp_width``. The common case is a handful of attribute reads (this runs on every row); the
+    message is built only on failure."""
     if not isinstance(out, tuple) or len(out) != 3:
         got = (
             f"a {type(out).__name__} of {len(out)}" if isinstance(out, (tuple, list)) else type(out).__name__
         )
         raise ValueError(f"request {req_id}: model.{hook} returned {got}; expected a 3-tuple {ROW_RESULT}")
-    check_row_output(req_id, span, width, out[0], out[1], out[2], mtp_width, hook)
-    return out
-
-
-def check_row_output(
-    req_id: str,
-    span: int,
-    width: int,
-    ids: Any,
-    embeds: Any,
-    update: Any,
-    mtp_width: int | None = None,
-    hook: str = "preprocess",
-) -> None:
-    """Raise, naming the request, unless a per-row ``preprocess`` returned what the row needs:
-    ``span`` embedding rows of ``width`` (floating point), ``span`` integer ids (or None, to keep
-    the scheduled ones; not on a talker-MTP row, whose ids feed the predictor), an update dict (or
-    None), and, on an MTP row, ``mtp_inputs`` of two floating-point hidden vectors of
-    ``mtp_width``. The common case is a handful of attribute reads: this runs on every row."""
+    ids, embeds, update = out
     embeds_ok = (
         isinstance(embeds, torch.Tensor) and embeds.shape == (span, width) and embeds.is_floating_point()
     )
     ids_ok = (
-        ids is None and mtp_width is None
-        if not isinstance(ids, torch.Tensor)
-        else ids.numel() == span and ids.dtype in _INTEGER_DTYPES
+        ids.numel() == span and ids.dtype in _INTEGER_DTYPES
+        if isinstance(ids, torch.Tensor)
+        else ids is None and mtp_width is None
     )
     update_ok = update is None or isinstance(update, dict)
     mtp_ok = mtp_width is None or _mtp_inputs_ok(update, mtp_width)
     if embeds_ok and ids_ok and update_ok and mtp_ok:
-        return
+        return out
     problems = []
     if not embeds_ok:
         problems.append(f"embeddings {_describe(embeds)}, expected ({span}, {width}) floating point")
