@@ -1,0 +1,548 @@
+"""The least a CPython runner can spend per request on what the contract requires, against each
+batched target of issue 12 (host cost of a decode step).
+
+    .venv/bin/python benchmarks/floors.py                      # B = 256, every cell with a batched target
+    .venv/bin/python benchmarks/floors.py --batch 128 --cells plain
+
+A floor is the tightest loop that does one clause's per-request work for the B requests of a
+steady-state decode step of a cell, on the benchmark's own objects (the generated runner's
+buffers and requests after the step, the trivial hooks' results): no function call, no
+generality and no check the clause does not ask for. What a runner that keeps the contract's
+data pays per request, however it is written, is at least the sum of its cell's floors: a dict
+per request that updates merge into one level deep and that mirrors as
+``additional_information_cpu`` (4.1), a tensor per request for each stored value (its codes row,
+2.3; an owned copy of a GPU-resident update, 4.1 as vllm-omni keeps it), four runner keys per
+request (3.1), every buffer put back when a step fails (issue 9).
+
+A target's budget is the target ratio times vllm-omni's µs per request, measured in the same run
+(``host_overhead.measure``, hooks excluded). Where the floors of a cell add up to more than its
+budget, the target cannot be met without changing the contract; the same sum against
+``MARGINAL_TARGET`` answers the marginal-cost target. Floors are the least of ``--repeats``
+timings (a bound, not a typical figure), on this thread's CPU time as the benchmark measures,
+and they leave work out rather than add any (the journal's does not look at the mirrors, no floor
+counts the step's fixed costs or the GC): an "out of reach" holds, a "within reach" is optimistic.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import os
+import statistics
+import sys
+import timeit
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+# vllm-omni (the baseline) is installed beside omnigen: keep its vLLM plugin from patching vLLM.
+os.environ.setdefault("VLLM_PLUGINS", "omnigen")
+
+import torch  # noqa: E402
+from rich import box  # noqa: E402
+from rich.console import Console  # noqa: E402
+from rich.table import Table  # noqa: E402
+
+from benchmarks import host_overhead  # noqa: E402
+from benchmarks.host_overhead import CELLS  # noqa: E402
+from omnigen.runtime import mtp, phases  # noqa: E402
+from tests.oracle import harness  # noqa: E402
+
+TARGETS = {"tts_mtp": 0.12, "tts_mtp_seeded": 0.12, "plain": 0.2, "omni_talker": 0.35}
+"""Issue 12's ratio targets at B = 256 for the batched cells (omnigen / vllm-omni)."""
+MARGINAL_TARGET = 1.5
+"""µs per added request in the batched shapes."""
+INTEGER_DTYPES = frozenset({torch.int32, torch.int64})
+
+
+@dataclass
+class Step:
+    """One steady-state decode step of a cell, as the runner holds it after the step."""
+
+    cell: str
+    req_ids: list[str]
+    buffers: dict[str, dict[str, Any]]
+    requests: dict[str, Any]
+    prompt_lens: Any
+    computed: Any
+    gpu_keys: frozenset[tuple[str, str]]
+    ids: torch.Tensor
+    embeds: torch.Tensor
+    updates: list[dict[str, Any]]
+    """Each row's update without its MTP inputs (what is merged)."""
+    row_results: list[tuple[Any, Any, dict[str, Any]]]
+    """Per-row hooks: each row's ``(ids, embeddings, update)`` as the hook returned it."""
+    codes: torch.Tensor | None
+    width: int
+    generators: dict[str, Any]
+    """The runner's kept MTP generators (2.3)."""
+    model: Any
+    """The trivial-hooks model, its hooks timed by ``clock`` as the benchmark times them."""
+    clock: Any
+    runner: Any
+    """The generated runner whose step this is (for omnigen's own code on the same work)."""
+
+
+def steady_step(cell_key: str, batch: int) -> Step:
+    """The cell's runner after a prefill and two decode steps of ``batch`` requests."""
+    cell = CELLS[cell_key]
+    host_overhead._room(batch, False)
+    policy, ours, _, extra = host_overhead._classes(cell)
+    scen, plan = host_overhead.scenario(batch, 3, mixed=False, seeded_share=cell.seeded_share)
+    with harness.harness_patches(extra):
+        prep = host_overhead._prepare(ours, policy, extra, scen, plan)
+        host_overhead._drive(prep)
+    runner = prep.runner
+    model = runner.model
+    req_ids = list(runner.input_batch.req_ids)
+    n = len(req_ids)
+    ids = runner.input_ids.gpu[:n]
+    embeds = runner.inputs_embeds.gpu[:n]
+    row_results = []
+    if policy.flags.decode_batching == "none":
+        for row, req_id in enumerate(req_ids):
+            infos = runner.model_intermediate_buffer[req_id]
+            row_results.append(model.preprocess(ids[row : row + 1], embeds[row : row + 1], **infos))
+    updates = (
+        [{k: v for k, v in update.items() if k != "mtp_inputs"} for _, _, update in row_results]
+        if row_results
+        else model._updates(n)
+    )
+    codes = model._codes[:n] if policy.flags.mtp else None
+    return Step(
+        cell=cell_key,
+        req_ids=req_ids,
+        buffers=runner.model_intermediate_buffer,
+        requests=runner.requests,
+        prompt_lens=runner.input_batch.num_prompt_tokens[:n],
+        computed=runner.input_batch.num_computed_tokens_cpu[:n],
+        gpu_keys=runner.GPU_RESIDENT_KEYS,
+        ids=ids,
+        embeds=embeds,
+        updates=updates,
+        row_results=row_results,
+        codes=codes,
+        width=int(embeds.shape[1]),
+        generators=getattr(runner, "_talker_mtp_generators", {}),
+        model=model,
+        clock=prep.clock,
+        runner=runner,
+    )
+
+
+# -- The floors: each does one clause's work for every row of the step, once. ----------------
+
+
+def runner_keys(step: Step) -> None:
+    """3.1: each row's runner keys read from vLLM's input batch and stored in its buffer."""
+    get = step.buffers.get
+    prompt_lens = step.prompt_lens.tolist()
+    computed = step.computed.tolist()
+    for req_id, prompt_len, done in zip(step.req_ids, prompt_lens, computed, strict=True):
+        buffer = get(req_id)
+        buffer["request_id"] = req_id
+        buffer["_omni_prompt_len"] = prompt_len
+        buffer["_omni_num_computed_tokens"] = done
+        buffer["_omni_is_prefill"] = done < prompt_len
+
+
+def journal(step: Step) -> list[tuple[dict[str, Any], dict[str, Any]]]:
+    """Issue 9: a copy of each row's buffer and of each dict in it, to put back if the step fails
+    (a hook may write into any of them; the mirrors are not even looked at)."""
+    get = step.buffers.get
+    saved = []
+    for req_id in step.req_ids:
+        buffer = get(req_id)
+        saved.append((buffer, buffer.copy()))
+        for value in buffer.values():
+            if type(value) is dict:
+                saved.append((value, value.copy()))
+    return saved
+
+
+def merges(step: Step) -> None:
+    """4.1: each row's update merged one level deep, a host tensor kept as it is, a GPU-resident
+    one left for ``owned_copies``; the buffer mirrored."""
+    get = step.buffers.get
+    requests = step.requests
+    gpu_keys = step.gpu_keys
+    for req_id, update in zip(step.req_ids, step.updates, strict=True):
+        buffer = get(req_id)
+        for key, value in update.items():
+            if type(value) is not dict:
+                buffer[key] = value
+                continue
+            sub = buffer.get(key)
+            if sub is None:
+                sub = buffer[key] = {}
+            for qualifier, item in value.items():
+                if (key, qualifier) in gpu_keys:
+                    continue
+                sub[qualifier] = item if item.is_cpu else item.cpu()
+        requests[req_id].additional_information_cpu = buffer
+
+
+def owned_copies_batched(step: Step) -> None:
+    """4.1, GPU-resident keys of a decode batch: one copy of every row's tensor, a view per row
+    stored in its buffer."""
+    get = step.buffers.get
+    for key, qualifier in step.gpu_keys:
+        subs, tensors = [], []
+        for req_id, update in zip(step.req_ids, step.updates, strict=True):
+            value = update.get(key)
+            if value is not None and qualifier in value:
+                subs.append(get(req_id)[key])
+                tensors.append(value[qualifier])
+        if not tensors:
+            continue
+        for sub, copy in zip(subs, torch.cat(tensors).split([t.shape[0] for t in tensors]), strict=True):
+            sub[qualifier] = copy
+
+
+def owned_copies_per_row(step: Step) -> None:
+    """4.1, GPU-resident keys of per-row hooks: a copy of each row's tensor before the next row's
+    hook runs (the next call may rewrite what the last one returned)."""
+    get = step.buffers.get
+    for key, qualifier in step.gpu_keys:
+        for req_id, update in zip(step.req_ids, step.updates, strict=True):
+            value = update.get(key)
+            if value is not None and qualifier in value:
+                get(req_id)[key][qualifier] = value[qualifier].clone()
+
+
+def code_rows(step: Step) -> None:
+    """2.3: the predictor's codes copied once, a one-row view per request stored in its buffer."""
+    get = step.buffers.get
+    rows = step.codes.clone().split([1] * len(step.req_ids))
+    for req_id, row in zip(step.req_ids, rows, strict=True):
+        get(req_id)["codes"]["audio"] = row
+
+
+def generators(step: Step) -> list[Any]:
+    """2.3: each seeded row's kept generator looked up by its ``tts_local_seed`` (None: unseeded)."""
+    requests = step.requests
+    kept = step.generators
+    found = []
+    for req_id in step.req_ids:
+        extra = requests[req_id].sampling_params.extra_args
+        seed = extra.get("tts_local_seed") if extra else None
+        found.append(None if seed is None else kept.get(req_id))
+    return found
+
+
+def row_hook_calls(step: Step) -> None:
+    """3.3, per-row hooks: each row's id and embedding slices (one split each) and the hook called
+    with them and the row's buffer as keyword arguments; what it returns is dropped (the time
+    inside the hook is not counted, as the benchmark does not count it)."""
+    get = step.buffers.get
+    preprocess = step.model.preprocess
+    sizes = [1] * len(step.req_ids)
+    for req_id, row_ids, row_embeds in zip(
+        step.req_ids, step.ids.split(sizes), step.embeds.split(sizes), strict=True
+    ):
+        preprocess(input_ids=row_ids, input_embeds=row_embeds, **get(req_id))
+
+
+def batch_hook_call(step: Step) -> None:
+    """3.3, a decode batch: one hook call with the rows' buffers; the per-row results it returns
+    (an update dict per row) are dropped (the time inside the hook is not counted)."""
+    get = step.buffers.get
+    step.model.preprocess_decode_batch(input_ids=step.ids, req_infos=[get(req_id) for req_id in step.req_ids])
+
+
+def row_checks(step: Step) -> None:
+    """3.5 / issue 9, per-row hooks: each result's arity, types, width, dtypes and MTP inputs
+    checked before anything is written."""
+    width = step.width
+    for out in step.row_results:
+        if type(out) is not tuple or len(out) != 3:
+            raise ValueError("not an (ids, embeddings, update) triple")
+        ids, embeds, update = out
+        mtp = update.get("mtp_inputs") if type(update) is dict else None
+        if not (
+            type(mtp) is tuple
+            and len(mtp) == 2
+            and embeds.shape == (1, width)
+            and embeds.is_floating_point()
+            and ids.numel() == 1
+            and ids.dtype in INTEGER_DTYPES
+            and mtp[0].numel() == width
+            and mtp[1].numel() == width
+            and mtp[0].is_floating_point()
+            and mtp[1].is_floating_point()
+        ):
+            raise ValueError("a row's result does not fit its row")
+
+
+def mtp_gather(step: Step) -> tuple[torch.Tensor, ...]:
+    """3.4, per-row hooks: the MTP rows' ids, embeddings and hidden pairs taken from their results
+    and joined, one tensor each, to stage in the MTP buffers."""
+    ids, embeds, hidden, text = [], [], [], []
+    for row_ids, row_embeds, update in step.row_results:
+        last_hidden, text_step = update["mtp_inputs"]
+        ids.append(row_ids)
+        embeds.append(row_embeds)
+        hidden.append(last_hidden)
+        text.append(text_step)
+    return torch.cat(ids), torch.cat(embeds), torch.stack(hidden), torch.stack(text)
+
+
+FLOORS: dict[str, tuple[str, Callable[[Step], Any]]] = {
+    "runner_keys": ("3.1", runner_keys),
+    "journal": ("issue 9", journal),
+    "merges": ("4.1", merges),
+    "owned_copies": ("4.1 gpu_resident", owned_copies_batched),
+    "owned_copies_per_row": ("4.1 gpu_resident", owned_copies_per_row),
+    "code_rows": ("2.3", code_rows),
+    "generators": ("2.3 seeds", generators),
+    "hook_calls": ("3.3 a batch", batch_hook_call),
+    "row_hook_calls": ("3.3 per row", row_hook_calls),
+    "row_checks": ("3.5", row_checks),
+    "mtp_gather": ("3.4", mtp_gather),
+}
+CELL_FLOORS = {
+    "tts_mtp": ("runner_keys", "hook_calls", "journal", "merges", "owned_copies", "code_rows"),
+    "tts_mtp_seeded": (
+        "runner_keys",
+        "hook_calls",
+        "journal",
+        "merges",
+        "owned_copies",
+        "code_rows",
+        "generators",
+    ),
+    "plain": ("runner_keys", "hook_calls", "journal", "merges"),
+    "omni_talker": (
+        "runner_keys",
+        "row_hook_calls",
+        "row_checks",
+        "journal",
+        "merges",
+        "owned_copies_per_row",
+        "mtp_gather",
+        "code_rows",
+    ),
+}
+"""What each cell's step must do per request (its configuration: decode batching, MTP, seeds)."""
+
+
+# -- omnigen's own code for the same work, timed the same way: where it spends more than a floor. --
+
+
+def omnigen_runner_keys(step: Step) -> None:
+    runner = step.runner
+    scheduled = dict.fromkeys(step.req_ids, 1)
+    rows = phases.read_row_phases(runner.input_batch, runner.query_start_loc, scheduled)
+    if not step.row_results:
+        phases.stamp_batch(runner, rows.req_ids, rows.keys)
+        return
+    for req_id, key in zip(rows.req_ids, rows.keys, strict=True):
+        phases.stamp(runner._request_buffer(req_id), key)
+
+
+def omnigen_journal(step: Step) -> None:
+    phases.StepJournal(step.runner, step.req_ids, step.ids, step.embeds)
+
+
+def omnigen_merges(step: Step) -> None:
+    runner = step.runner
+    if not step.row_results:
+        row_buffers = [step.buffers[req_id] for req_id in step.req_ids]
+        phases.merge_batch_updates(runner, step.req_ids, row_buffers, step.updates)
+        return
+    for req_id, update in zip(step.req_ids, step.updates, strict=True):
+        runner._update_intermediate_buffer(req_id, update)
+
+
+def omnigen_code_rows(step: Step) -> None:
+    runner = step.runner
+    on_device = runner.MTP_OUTPUT_KEY in runner.GPU_RESIDENT_KEYS
+    rows = mtp.owned_code_rows(step.codes, len(step.req_ids), on_device=on_device)
+    mtp.store_code_rows(runner, step.req_ids, rows, runner.MTP_OUTPUT_KEY)
+
+
+def omnigen_generators(step: Step) -> None:
+    runner = step.runner
+    mtp.row_generators(runner._talker_mtp_generators, runner.requests, step.req_ids, step.ids.device)
+
+
+def omnigen_row_checks(step: Step) -> None:
+    mtp_width = step.runner.last_talker_hidden.gpu.shape[1]
+    for req_id, out in zip(step.req_ids, step.row_results, strict=True):
+        phases.row_output(req_id, out, 1, step.width, mtp_width)
+
+
+def omnigen_mtp_gather(step: Step) -> None:
+    mtp_width = step.runner.last_talker_hidden.gpu.shape[1]
+    ids, embeds, hidden, text = [], [], [], []
+    for row_ids, row_embeds, update in step.row_results:
+        last_hidden, text_step = update["mtp_inputs"]
+        ids.append(row_ids)
+        embeds.append(row_embeds)
+        hidden.append(last_hidden)
+        text.append(text_step)
+    mtp.flat_ids(ids)
+    mtp.stack_rows(embeds, step.width)
+    mtp.stack_rows(hidden, mtp_width)
+    mtp.stack_rows(text, mtp_width)
+
+
+OMNIGEN_CODE: dict[str, tuple[tuple[str, ...], Callable[[Step], Any]]] = {
+    "read_row_phases + stamps (more: each row's offsets and the step's checks' facts)": (
+        ("runner_keys",),
+        omnigen_runner_keys,
+    ),
+    "StepJournal (more: each row's buffer object, its mirror, the step's inputs)": (
+        ("journal",),
+        omnigen_journal,
+    ),
+    "merges with their owned copies": (("merges", "owned_copies", "owned_copies_per_row"), omnigen_merges),
+    "owned_code_rows + store_code_rows": (("code_rows",), omnigen_code_rows),
+    "row_generators (every row: unseeded ones too)": (("generators",), omnigen_generators),
+    "row_output": (("row_checks",), omnigen_row_checks),
+    "flat_ids + stack_rows": (("mtp_gather",), omnigen_mtp_gather),
+}
+"""omnigen's code for the work of some floors (``label -> (those floors, the code)``)."""
+
+
+def omnigen_code_for(cell: str) -> dict[str, tuple[tuple[str, ...], Callable[[Step], Any]]]:
+    """The entries of ``OMNIGEN_CODE`` for the work of ``cell``'s floors, each with the floors it pays."""
+    paid = CELL_FLOORS[cell]
+    found = {}
+    for label, (names, code) in OMNIGEN_CODE.items():
+        names = tuple(name for name in names if name in paid)
+        if names:
+            found[label] = (names, code)
+    return found
+
+
+def floor_us(fn: Callable[[Step], Any], step: Step, number: int = 20) -> float:
+    """µs per request of one timing of ``number`` calls of ``fn`` (after one untimed call), the
+    time inside the model's hooks left out."""
+    fn(step)
+    gc.collect()
+    gc.freeze()
+    try:
+        inside = step.clock.seconds
+        seconds = timeit.Timer(lambda: fn(step), timer=host_overhead._clock).timeit(number)
+        inside = step.clock.seconds - inside
+    finally:
+        gc.unfreeze()
+    return (seconds - inside) / number / len(step.req_ids) * 1e6
+
+
+def run(cells: list[str], batch: int, repeats: int, steps: int) -> list[dict[str, Any]]:
+    """Each cell's floors, vllm-omni's and omnigen's µs per request and its budget, at ``batch``.
+
+    In every repeat the floors are timed and then both runners measured, so the floors and the
+    budget see the same state of a shared machine; a floor is its least timing (a bound), the
+    runners' figures are medians (as ``host_overhead`` reports them)."""
+    results = []
+    for key in cells:
+        step = steady_step(key, batch)
+        timings: dict[str, list[float]] = {name: [] for name in CELL_FLOORS[key]}
+        code = omnigen_code_for(key)
+        code_timings: dict[str, list[float]] = {label: [] for label in code}
+        oracle, omnigen = [], []
+        for _ in range(repeats):
+            for name in timings:
+                timings[name].append(floor_us(FLOORS[name][1], step))
+            for label, (_, fn) in code.items():
+                code_timings[label].append(floor_us(fn, step))
+            measured = host_overhead.measure(CELLS[key], batch, steps, 1)
+            oracle.append(measured["oracle_us"])
+            omnigen.append(measured["omnigen_us"])
+        floors = {name: min(values) for name, values in timings.items()}
+        results.append(
+            {
+                "cell": key,
+                "floors": floors,
+                "floor": sum(floors.values()),
+                "omnigen_code": {
+                    label: (sum(floors[name] for name in code[label][0]), min(values))
+                    for label, values in code_timings.items()
+                },
+                "oracle_us": statistics.median(oracle),
+                "omnigen_us": statistics.median(omnigen),
+                "budget": TARGETS[key] * statistics.median(oracle),
+            }
+        )
+    return results
+
+
+def verdict(floor: float, limit: float) -> str:
+    """Whether a cell whose floors add up to ``floor`` µs per request can stay within ``limit``."""
+    if floor > limit:
+        return f"out of reach: {floor / limit:.2f}x"
+    return f"within reach: room {limit - floor:.2f}"
+
+
+def report(results: list[dict[str, Any]], batch: int, console: Console) -> None:
+    summary = Table(
+        title=f"Floors against the batched targets, B = {batch}, µs per request", box=box.MARKDOWN
+    )
+    for column in ("cell", "target", "vllm-omni", "budget", "floors", "omnigen", "ratio target", "marginal"):
+        summary.add_column(column, justify="left" if column == "cell" else "right")
+    for r in results:
+        target = TARGETS[r["cell"]]
+        summary.add_row(
+            CELLS[r["cell"]].label,
+            f"{target:.2f}",
+            f"{r['oracle_us']:.2f}",
+            f"{r['budget']:.2f}",
+            f"{r['floor']:.2f}",
+            f"{r['omnigen_us']:.2f}",
+            verdict(r["floor"], r["budget"]),
+            verdict(r["floor"], MARGINAL_TARGET),
+        )
+    console.print(summary)
+    names = [name for name in FLOORS if any(name in r["floors"] for r in results)]
+    detail = Table(title="Each floor, µs per request", box=box.MARKDOWN)
+    detail.add_column("floor")
+    detail.add_column("clause")
+    for r in results:
+        detail.add_column(r["cell"], justify="right")
+    for name in names:
+        detail.add_row(
+            name,
+            FLOORS[name][0],
+            *(f"{r['floors'][name]:.2f}" if name in r["floors"] else "" for r in results),
+        )
+    console.print(detail)
+    labels = [label for label in OMNIGEN_CODE if any(label in r["omnigen_code"] for r in results)]
+    code = Table(
+        title="omnigen's code for the same work, in isolation: floor / omnigen, µs per request",
+        box=box.MARKDOWN,
+    )
+    code.add_column("omnigen")
+    for r in results:
+        code.add_column(r["cell"], justify="right")
+    for label in labels:
+        cells = []
+        for r in results:
+            pair = r["omnigen_code"].get(label)
+            cells.append(f"{pair[0]:.2f} / {pair[1]:.2f}" if pair else "")
+        code.add_row(label, *cells)
+    console.print(code)
+    console.print(
+        "A target is out of reach where its cell's floors add up to more than its budget "
+        f"(target x vllm-omni), and the marginal one where they add up to more than {MARGINAL_TARGET} µs."
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--batch", type=int, default=256)
+    parser.add_argument("--cells", nargs="+", choices=list(TARGETS), default=list(TARGETS))
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--steps", type=int, default=8, help="steps of each vllm-omni / omnigen measurement")
+    args = parser.parse_args()
+    console = Console(width=200)
+    report(run(args.cells, args.batch, args.repeats, args.steps), args.batch, console)
+
+
+if __name__ == "__main__":
+    main()

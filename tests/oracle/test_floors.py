@@ -1,0 +1,160 @@
+"""benchmarks/floors.py: each floor does the per-request work of its clause, as the generated
+runner does it, so the sum of a cell's floors is a bound on what the contract costs (a floor that
+skipped work would make a target look reachable)."""
+
+from __future__ import annotations
+
+import copy
+import functools
+
+import pytest
+import torch
+
+from benchmarks import floors
+from omnigen.runtime import mtp, phases
+
+pytestmark = pytest.mark.oracle
+
+BATCH = 16
+RUNNER_KEYS = ("request_id", "_omni_prompt_len", "_omni_num_computed_tokens", "_omni_is_prefill")
+
+
+CELLS = sorted(floors.CELL_FLOORS)
+MTP_CELLS = [cell for cell in CELLS if "code_rows" in floors.CELL_FLOORS[cell]]
+PER_ROW_CELLS = [cell for cell in CELLS if "row_hook_calls" in floors.CELL_FLOORS[cell]]
+
+
+@functools.cache
+def _step(cell: str) -> floors.Step:
+    return floors.steady_step(cell, BATCH)
+
+
+@pytest.fixture
+def step(request) -> floors.Step:
+    return _step(request.param)
+
+
+every_cell = pytest.mark.parametrize("step", CELLS, indirect=True)
+
+
+@every_cell
+def test_runner_keys_are_the_runners(step):
+    expected = {req_id: {k: step.buffers[req_id][k] for k in RUNNER_KEYS} for req_id in step.req_ids}
+    for req_id in step.req_ids:
+        for key in RUNNER_KEYS:
+            del step.buffers[req_id][key]
+    floors.runner_keys(step)
+    assert {req_id: {k: step.buffers[req_id][k] for k in RUNNER_KEYS} for req_id in step.req_ids} == expected
+
+
+@every_cell
+def test_journal_keeps_every_dict_it_would_restore(step):
+    saved = floors.journal(step)
+    nested = sum(1 for r in step.req_ids for v in step.buffers[r].values() if isinstance(v, dict))
+    assert len(saved) == len(step.req_ids) + nested
+    for original, kept in saved:
+        assert kept == original and kept is not original
+
+
+def _merged_by_the_runner(step) -> dict:
+    """The buffers after the runner's own merge of the step's updates (4.1)."""
+
+    class Runner:
+        requests = step.requests
+        model_intermediate_buffer = copy.deepcopy(step.buffers)
+        GPU_RESIDENT_KEYS = step.gpu_keys
+
+    runner = Runner()
+    rows = [runner.model_intermediate_buffer[req_id] for req_id in step.req_ids]
+    phases.merge_batch_updates(runner, step.req_ids, rows, step.updates)
+    return runner.model_intermediate_buffer
+
+
+@every_cell
+def test_merges_and_owned_copies_store_what_the_runner_stores(step):
+    expected = _merged_by_the_runner(step)
+    floors.merges(step)
+    owned = (
+        "owned_copies_per_row" if "owned_copies_per_row" in floors.CELL_FLOORS[step.cell] else "owned_copies"
+    )
+    floors.FLOORS[owned][1](step)
+    for req_id, update in zip(step.req_ids, step.updates, strict=True):
+        buffer = step.buffers[req_id]
+        assert step.requests[req_id].additional_information_cpu is buffer
+        for key, value in update.items():
+            for qualifier, item in value.items():
+                stored = buffer[key][qualifier]
+                assert torch.equal(stored, expected[req_id][key][qualifier])
+                if (key, qualifier) in step.gpu_keys:
+                    assert stored.data_ptr() != item.data_ptr(), "a GPU-resident value is an owned copy"
+
+
+@pytest.mark.parametrize("step", MTP_CELLS, indirect=True)
+def test_code_rows_are_owned_rows_of_the_codes(step):
+    floors.code_rows(step)
+    for row, req_id in enumerate(step.req_ids):
+        stored = step.buffers[req_id]["codes"]["audio"]
+        assert torch.equal(stored, step.codes[row : row + 1])
+        assert stored.untyped_storage().data_ptr() != step.codes.untyped_storage().data_ptr()
+
+
+@every_cell
+def test_generators_are_the_runners(step):
+    expected = mtp.row_generators(dict(step.generators), step.requests, step.req_ids, torch.device("cpu"))
+    found = floors.generators(step)
+    assert [g is None for g in found] == [g is None for g in expected]
+
+
+@every_cell
+def test_hook_calls_call_the_hook_once_per_row_or_batch(step):
+    name = "row_hook_calls" if step.row_results else "hook_calls"
+    before = step.clock.seconds
+    calls = []
+    hook = "preprocess" if step.row_results else "preprocess_decode_batch"
+    original = getattr(step.model, hook)
+    setattr(step.model, hook, lambda *a, **k: calls.append(k) or original(*a, **k))
+    try:
+        floors.FLOORS[name][1](step)
+    finally:
+        setattr(step.model, hook, original)
+    assert step.clock.seconds > before, "the hook's own time is measured, to be left out"
+    if step.row_results:
+        assert [k["request_id"] for k in calls] == step.req_ids
+        assert all(k["input_ids"].shape == (1,) and k["input_embeds"].shape == (1, step.width) for k in calls)
+    else:
+        assert len(calls) == 1 and len(calls[0]["req_infos"]) == len(step.req_ids)
+
+
+@pytest.mark.parametrize("step", PER_ROW_CELLS, indirect=True)
+def test_row_checks_refuse_a_row_of_the_wrong_width(step):
+    floors.row_checks(step)
+    ids, embeds, update = step.row_results[3]
+    step.row_results[3] = (ids, embeds[:, :-1], update)
+    try:
+        with pytest.raises(ValueError):
+            floors.row_checks(step)
+    finally:
+        step.row_results[3] = (ids, embeds, update)
+
+
+@pytest.mark.parametrize("step", PER_ROW_CELLS, indirect=True)
+def test_mtp_gather_joins_one_row_per_request(step):
+    ids, embeds, hidden, text = floors.mtp_gather(step)
+    assert ids.shape == (BATCH,) and embeds.shape == hidden.shape == text.shape == (BATCH, step.width)
+
+
+def test_verdict_says_out_of_reach_only_past_the_limit():
+    assert floors.verdict(2.0, 1.5).startswith("out of reach")
+    assert floors.verdict(1.5, 1.5).startswith("within reach")
+
+
+@every_cell
+def test_omnigen_code_is_compared_with_the_floors_of_the_same_work(step):
+    compared = floors.omnigen_code_for(step.cell)
+    paid = floors.CELL_FLOORS[step.cell]
+    for names, code in compared.values():
+        assert set(names) <= set(paid)
+        code(step)  # the runtime's own functions, called as the generated runner calls them
+    covered = {name for names, _ in compared.values() for name in names}
+    # What has no omnigen counterpart to time alone: the hook calls (the same calls on both sides).
+    assert set(paid) - covered <= {"hook_calls", "row_hook_calls"}
