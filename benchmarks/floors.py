@@ -277,9 +277,9 @@ def row_checks(step: Step) -> None:
             raise ValueError("a row's result does not fit its row")
 
 
-def mtp_gather(step: Step) -> tuple[torch.Tensor, ...]:
-    """3.4, per-row hooks: the MTP rows' ids, embeddings and hidden pairs taken from their results
-    and joined, one tensor each, to stage in the MTP buffers."""
+def _mtp_entries(step: Step) -> tuple[list[torch.Tensor], ...]:
+    """Each MTP row's ids, embeddings and hidden pair taken from its result, a list each (as the
+    row loop collects them)."""
     ids, embeds, hidden, text = [], [], [], []
     for row_ids, row_embeds, update in step.row_results:
         last_hidden, text_step = update["mtp_inputs"]
@@ -287,6 +287,13 @@ def mtp_gather(step: Step) -> tuple[torch.Tensor, ...]:
         embeds.append(row_embeds)
         hidden.append(last_hidden)
         text.append(text_step)
+    return ids, embeds, hidden, text
+
+
+def mtp_gather(step: Step) -> tuple[torch.Tensor, ...]:
+    """3.4, per-row hooks: the MTP rows' ids, embeddings and hidden pairs collected from their
+    results and joined, one tensor each, to stage in the MTP buffers."""
+    ids, embeds, hidden, text = _mtp_entries(step)
     return torch.cat(ids), torch.cat(embeds), torch.stack(hidden), torch.stack(text)
 
 
@@ -377,13 +384,7 @@ def omnigen_row_checks(step: Step) -> None:
 
 def omnigen_mtp_gather(step: Step) -> None:
     mtp_width = step.runner.last_talker_hidden.gpu.shape[1]
-    ids, embeds, hidden, text = [], [], [], []
-    for row_ids, row_embeds, update in step.row_results:
-        last_hidden, text_step = update["mtp_inputs"]
-        ids.append(row_ids)
-        embeds.append(row_embeds)
-        hidden.append(last_hidden)
-        text.append(text_step)
+    ids, embeds, hidden, text = _mtp_entries(step)
     mtp.flat_ids(ids)
     mtp.stack_rows(embeds, step.width)
     mtp.stack_rows(hidden, mtp_width)
