@@ -15,8 +15,10 @@ per request that updates merge into one level deep and that mirrors as
 request (3.1), every buffer put back when a step fails (issue 9).
 
 A target's budget is the target ratio times vllm-omni's µs per request, measured in the same run
-(``host_overhead.measure``, hooks excluded). Where the floors of a cell add up to more than its
-budget, the target cannot be met without changing the contract; the same sum against
+(``host_overhead.measure``, hooks excluded). The whole step's floor does every clause a cell
+pays in as few passes over the rows as its step allows (a runner would not loop once per
+clause). Where the lower of the two, the sum of the clauses' floors and the whole step's, is more
+than the budget, the target cannot be met without changing the contract; the same bound against
 ``MARGINAL_TARGET`` answers the marginal-cost target. Floors are the least of ``--repeats``
 timings (a bound, not a typical figure), on this thread's CPU time as the benchmark measures,
 and they leave work out rather than add any (the journal's does not look at the mirrors, no floor
@@ -336,6 +338,143 @@ CELL_FLOORS = {
 """What each cell's step must do per request (its configuration: decode batching, MTP, seeds)."""
 
 
+# -- The whole step's floor: every clause a cell pays, in as few passes as the step allows. --
+# The separate floors each loop over the rows; a runner would do a row's work together. A batch
+# takes two passes (the journal and the runner keys before the batch hook, which sees them; the
+# merges and copies after it); per-row hooks one, and the codes a second after the predictor.
+# The loops repeat the separate floors' bodies inline on purpose: a floor makes no call per row.
+
+
+def whole_step_batched(step: Step) -> None:
+    """A decode batch's per-request work (tts, plain) in two passes over the rows."""
+    get = step.buffers.get
+    requests = step.requests
+    gpu_keys = step.gpu_keys
+    paid = CELL_FLOORS[step.cell]
+    n = len(step.req_ids)
+    saved = []
+    row_buffers = []
+    prompt_lens = step.prompt_lens.tolist()
+    computed = step.computed.tolist()
+    for req_id, prompt_len, done in zip(step.req_ids, prompt_lens, computed, strict=True):
+        buffer = get(req_id)
+        saved.append((buffer, buffer.copy()))
+        for value in buffer.values():
+            if type(value) is dict:
+                saved.append((value, value.copy()))
+        buffer["request_id"] = req_id
+        buffer["_omni_prompt_len"] = prompt_len
+        buffer["_omni_num_computed_tokens"] = done
+        buffer["_omni_is_prefill"] = done < prompt_len
+        row_buffers.append(buffer)
+    step.model.preprocess_decode_batch(input_ids=step.ids, req_infos=row_buffers)
+    owned = {}
+    if "owned_copies" in paid:
+        for key, qualifier in gpu_keys:
+            tensors = [u[key][qualifier] for u in step.updates if qualifier in u.get(key, ())]
+            if len(tensors) == n:
+                owned[key, qualifier] = torch.cat(tensors).split([t.shape[0] for t in tensors])
+    codes = step.codes.clone().split([1] * n) if "code_rows" in paid else None
+    seeded = "generators" in paid
+    for row, (req_id, buffer, update) in enumerate(zip(step.req_ids, row_buffers, step.updates, strict=True)):
+        for key, value in update.items():
+            sub = buffer.get(key)
+            if sub is None:
+                sub = buffer[key] = {}
+            for qualifier, item in value.items():
+                copies = owned.get((key, qualifier))
+                if copies is not None:
+                    sub[qualifier] = copies[row]
+                elif (key, qualifier) not in gpu_keys:
+                    sub[qualifier] = item if item.is_cpu else item.cpu()
+        if codes is not None:
+            buffer["codes"]["audio"] = codes[row]
+        request = requests[req_id]
+        if seeded:
+            extra = request.sampling_params.extra_args
+            if extra and extra.get("tts_local_seed") is not None:
+                step.generators.get(req_id)
+        request.additional_information_cpu = buffer
+
+
+def whole_step_per_row(step: Step) -> None:
+    """Per-row hooks with MTP (the talker): one pass for the hooks, a second for the codes."""
+    get = step.buffers.get
+    requests = step.requests
+    gpu_keys = step.gpu_keys
+    width = step.width
+    preprocess = step.model.preprocess
+    n = len(step.req_ids)
+    sizes = [1] * n
+    prompt_lens = step.prompt_lens.tolist()
+    computed = step.computed.tolist()
+    saved = []
+    ids, embeds, hidden, text = [], [], [], []
+    rows = zip(
+        step.req_ids,
+        prompt_lens,
+        computed,
+        step.ids.split(sizes),
+        step.embeds.split(sizes),
+        step.row_results,
+        step.updates,
+        strict=True,
+    )
+    for req_id, prompt_len, done, row_ids, row_embeds, out, update in rows:
+        buffer = get(req_id)
+        saved.append((buffer, buffer.copy()))
+        for value in buffer.values():
+            if type(value) is dict:
+                saved.append((value, value.copy()))
+        buffer["request_id"] = req_id
+        buffer["_omni_prompt_len"] = prompt_len
+        buffer["_omni_num_computed_tokens"] = done
+        buffer["_omni_is_prefill"] = done < prompt_len
+        preprocess(input_ids=row_ids, input_embeds=row_embeds, **buffer)
+        # ``out`` stands for what the call returned (the call's own result is dropped, as the
+        # hook-call floor drops it; the step's kept results are what is checked and merged).
+        out_ids, out_embeds, out_update = out
+        mtp = out_update.get("mtp_inputs")
+        if not (
+            type(mtp) is tuple
+            and len(mtp) == 2
+            and out_embeds.shape == (1, width)
+            and out_embeds.is_floating_point()
+            and out_ids.numel() == 1
+            and out_ids.dtype in INTEGER_DTYPES
+            and mtp[0].numel() == width
+            and mtp[1].numel() == width
+            and mtp[0].is_floating_point()
+            and mtp[1].is_floating_point()
+        ):
+            raise ValueError("a row's result does not fit its row")
+        ids.append(out_ids)
+        embeds.append(out_embeds)
+        hidden.append(mtp[0])
+        text.append(mtp[1])
+        for key, value in update.items():
+            sub = buffer.get(key)
+            if sub is None:
+                sub = buffer[key] = {}
+            for qualifier, item in value.items():
+                if (key, qualifier) in gpu_keys:
+                    sub[qualifier] = item.clone()
+                else:
+                    sub[qualifier] = item if item.is_cpu else item.cpu()
+        requests[req_id].additional_information_cpu = buffer
+    torch.cat(ids), torch.cat(embeds), torch.stack(hidden), torch.stack(text)
+    for req_id, code in zip(step.req_ids, step.codes.clone().split(sizes), strict=True):
+        get(req_id)["codes"]["audio"] = code
+
+
+def whole_step(step: Step) -> None:
+    """Every clause ``step.cell`` pays, in as few passes as its step allows."""
+    if "row_hook_calls" in CELL_FLOORS[step.cell]:
+        whole_step_per_row(step)
+    else:
+        whole_step_batched(step)
+
+
 # -- omnigen's own code for the same work, timed the same way: where it spends more than a floor. --
 
 
@@ -447,10 +586,11 @@ def run(cells: list[str], batch: int, repeats: int, steps: int) -> list[dict[str
         timings: dict[str, list[float]] = {name: [] for name in CELL_FLOORS[key]}
         code = omnigen_code_for(key)
         code_timings: dict[str, list[float]] = {label: [] for label in code}
-        oracle, omnigen = [], []
+        whole, oracle, omnigen = [], [], []
         for _ in range(repeats):
             for name in timings:
                 timings[name].append(floor_us(FLOORS[name][1], step))
+            whole.append(floor_us(whole_step, step))
             for label, (_, fn) in code.items():
                 code_timings[label].append(floor_us(fn, step))
             measured = host_overhead.measure(CELLS[key], batch, steps, 1)
@@ -461,7 +601,10 @@ def run(cells: list[str], batch: int, repeats: int, steps: int) -> list[dict[str
             {
                 "cell": key,
                 "floors": floors,
-                "floor": sum(floors.values()),
+                "sum": sum(floors.values()),
+                "whole_step": min(whole),
+                # The lower of the two bounds decides (an "out of reach" must hold for either).
+                "floor": min(sum(floors.values()), min(whole)),
                 "omnigen_code": {
                     label: (sum(floors[name] for name in code[label][0]), min(values))
                     for label, values in code_timings.items()
@@ -485,7 +628,18 @@ def report(results: list[dict[str, Any]], batch: int, console: Console) -> None:
     summary = Table(
         title=f"Floors against the batched targets, B = {batch}, µs per request", box=box.MARKDOWN
     )
-    for column in ("cell", "target", "vllm-omni", "budget", "floors", "omnigen", "ratio target", "marginal"):
+    columns = (
+        "cell",
+        "target",
+        "vllm-omni",
+        "budget",
+        "sum of floors",
+        "whole step",
+        "omnigen",
+        "ratio target",
+        "marginal",
+    )
+    for column in columns:
         summary.add_column(column, justify="left" if column == "cell" else "right")
     for r in results:
         target = TARGETS[r["cell"]]
@@ -494,7 +648,8 @@ def report(results: list[dict[str, Any]], batch: int, console: Console) -> None:
             f"{target:.2f}",
             f"{r['oracle_us']:.2f}",
             f"{r['budget']:.2f}",
-            f"{r['floor']:.2f}",
+            f"{r['sum']:.2f}",
+            f"{r['whole_step']:.2f}",
             f"{r['omnigen_us']:.2f}",
             verdict(r["floor"], r["budget"]),
             verdict(r["floor"], MARGINAL_TARGET),
@@ -529,8 +684,9 @@ def report(results: list[dict[str, Any]], batch: int, console: Console) -> None:
         code.add_row(label, *cells)
     console.print(code)
     console.print(
-        "A target is out of reach where its cell's floors add up to more than its budget "
-        f"(target x vllm-omni), and the marginal one where they add up to more than {MARGINAL_TARGET} µs."
+        "A target is out of reach where the lower of a cell's two floors (the sum of its clauses' "
+        "floors, the whole step's in as few passes as it allows) is more than its budget (target x "
+        f"vllm-omni), and the marginal one where it is more than {MARGINAL_TARGET} µs."
     )
 
 

@@ -25,24 +25,65 @@ PER_ROW_CELLS = [cell for cell in CELLS if "row_hook_calls" in floors.CELL_FLOOR
 
 
 @functools.cache
-def _step(cell: str) -> floors.Step:
-    return floors.steady_step(cell, BATCH)
+def _steady(cell: str) -> tuple[floors.Step, dict]:
+    """A cell's steady step (made once: it drives a runner) and a copy of its buffers."""
+    step = floors.steady_step(cell, BATCH)
+    return step, copy.deepcopy({req_id: step.buffers[req_id] for req_id in step.req_ids})
 
 
 @pytest.fixture
-def step(request) -> floors.Step:
-    return _step(request.param)
+def step(request):
+    """The cell's steady step, its buffers and mirrors put back as they were after each test."""
+    step, saved = _steady(request.param)
+    yield step
+    for req_id, contents in saved.items():
+        buffer = step.buffers[req_id]
+        buffer.clear()
+        buffer.update(copy.deepcopy(contents))
+        step.requests[req_id].additional_information_cpu = buffer
 
 
 every_cell = pytest.mark.parametrize("step", CELLS, indirect=True)
 
 
+def _blank(step) -> None:
+    """Take out of the step's buffers (and mirrors) what the floors write: the runner keys, each
+    update's values, the codes. (A steady step already holds equal values: a floor that wrote
+    nothing would otherwise pass.)"""
+    for req_id, update in zip(step.req_ids, step.updates, strict=True):
+        buffer = step.buffers[req_id]
+        for key in RUNNER_KEYS:
+            del buffer[key]
+        for key, value in update.items():
+            for qualifier in value:
+                buffer[key].pop(qualifier, None)
+        if step.codes is not None:
+            buffer["codes"].pop("audio", None)
+        step.requests[req_id].additional_information_cpu = None
+
+
+def _check_stored(step, expected: dict) -> None:
+    """Each buffer holds the runner's values for the step's updates (owned copies where
+    GPU-resident), its own codes row, and is its request's mirror."""
+    for row, (req_id, update) in enumerate(zip(step.req_ids, step.updates, strict=True)):
+        buffer = step.buffers[req_id]
+        assert step.requests[req_id].additional_information_cpu is buffer
+        for key, value in update.items():
+            for qualifier, item in value.items():
+                stored = buffer[key][qualifier]
+                assert torch.equal(stored, expected[req_id][key][qualifier])
+                if (key, qualifier) in step.gpu_keys:
+                    assert stored.data_ptr() != item.data_ptr(), "a GPU-resident value is an owned copy"
+        if step.codes is not None:
+            stored = buffer["codes"]["audio"]
+            assert torch.equal(stored, step.codes[row : row + 1])
+            assert stored.untyped_storage().data_ptr() != step.codes.untyped_storage().data_ptr()
+
+
 @every_cell
 def test_runner_keys_are_the_runners(step):
     expected = {req_id: {k: step.buffers[req_id][k] for k in RUNNER_KEYS} for req_id in step.req_ids}
-    for req_id in step.req_ids:
-        for key in RUNNER_KEYS:
-            del step.buffers[req_id][key]
+    _blank(step)
     floors.runner_keys(step)
     assert {req_id: {k: step.buffers[req_id][k] for k in RUNNER_KEYS} for req_id in step.req_ids} == expected
 
@@ -73,24 +114,20 @@ def _merged_by_the_runner(step) -> dict:
 @every_cell
 def test_merges_and_owned_copies_store_what_the_runner_stores(step):
     expected = _merged_by_the_runner(step)
+    _blank(step)
     floors.merges(step)
     owned = (
         "owned_copies_per_row" if "owned_copies_per_row" in floors.CELL_FLOORS[step.cell] else "owned_copies"
     )
     floors.FLOORS[owned][1](step)
-    for req_id, update in zip(step.req_ids, step.updates, strict=True):
-        buffer = step.buffers[req_id]
-        assert step.requests[req_id].additional_information_cpu is buffer
-        for key, value in update.items():
-            for qualifier, item in value.items():
-                stored = buffer[key][qualifier]
-                assert torch.equal(stored, expected[req_id][key][qualifier])
-                if (key, qualifier) in step.gpu_keys:
-                    assert stored.data_ptr() != item.data_ptr(), "a GPU-resident value is an owned copy"
+    if step.codes is not None:
+        floors.code_rows(step)
+    _check_stored(step, expected)
 
 
 @pytest.mark.parametrize("step", MTP_CELLS, indirect=True)
 def test_code_rows_are_owned_rows_of_the_codes(step):
+    _blank(step)
     floors.code_rows(step)
     for row, req_id in enumerate(step.req_ids):
         stored = step.buffers[req_id]["codes"]["audio"]
@@ -158,3 +195,13 @@ def test_omnigen_code_is_compared_with_the_floors_of_the_same_work(step):
     covered = {name for names, _ in compared.values() for name in names}
     # What has no omnigen counterpart to time alone: the hook calls (the same calls on both sides).
     assert set(paid) - covered <= {"hook_calls", "row_hook_calls"}
+
+
+@every_cell
+def test_whole_step_stores_what_the_runner_and_the_floors_store(step):
+    expected = _merged_by_the_runner(step)
+    stamped = {req_id: {k: step.buffers[req_id][k] for k in RUNNER_KEYS} for req_id in step.req_ids}
+    _blank(step)
+    floors.whole_step(step)
+    _check_stored(step, expected)
+    assert {r: {k: step.buffers[r][k] for k in RUNNER_KEYS} for r in step.req_ids} == stamped
