@@ -372,8 +372,12 @@ def whole_step_batched(step: Step) -> None:
     if "owned_copies" in paid:
         for key, qualifier in gpu_keys:
             tensors = [u[key][qualifier] for u in step.updates if qualifier in u.get(key, ())]
-            if len(tensors) == n:
-                owned[key, qualifier] = torch.cat(tensors).split([t.shape[0] for t in tensors])
+            if not tensors:
+                continue
+            if len(tensors) != n:
+                # The copies are stored by row below: a key on some rows only would go unstored.
+                raise ValueError(f"{key}.{qualifier} is in {len(tensors)} of the step's {n} updates")
+            owned[key, qualifier] = torch.cat(tensors).split([t.shape[0] for t in tensors])
     codes = step.codes.clone().split([1] * n) if "code_rows" in paid else None
     seeded = "generators" in paid
     for row, (req_id, buffer, update) in enumerate(zip(step.req_ids, row_buffers, step.updates, strict=True)):
@@ -559,9 +563,9 @@ def omnigen_code_for(cell: str) -> dict[str, tuple[tuple[str, ...], Callable[[St
     return found
 
 
-def floor_us(fn: Callable[[Step], Any], step: Step, number: int = 20) -> float:
-    """µs per request of one timing of ``number`` calls of ``fn`` (after one untimed call), the
-    time inside the model's hooks left out."""
+def us_per_request(fn: Callable[[Step], Any], step: Step, number: int = 20) -> float:
+    """µs per request of one timing of ``number`` calls of ``fn`` (a floor, or omnigen's code for
+    the same work; after one untimed call), the time inside the model's hooks left out."""
     fn(step)
     gc.collect()
     gc.freeze()
@@ -589,10 +593,10 @@ def run(cells: list[str], batch: int, repeats: int, steps: int) -> list[dict[str
         whole, oracle, omnigen = [], [], []
         for _ in range(repeats):
             for name in timings:
-                timings[name].append(floor_us(FLOORS[name][1], step))
-            whole.append(floor_us(whole_step, step))
+                timings[name].append(us_per_request(FLOORS[name][1], step))
+            whole.append(us_per_request(whole_step, step))
             for label, (_, fn) in code.items():
-                code_timings[label].append(floor_us(fn, step))
+                code_timings[label].append(us_per_request(fn, step))
             measured = host_overhead.measure(CELLS[key], batch, steps, 1)
             oracle.append(measured["oracle_us"])
             omnigen.append(measured["omnigen_us"])
