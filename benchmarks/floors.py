@@ -188,8 +188,8 @@ def merges(step: Step) -> None:
 
 
 def owned_copies_batched(step: Step) -> None:
-    """4.1, GPU-resident keys of a decode batch: one copy of every row's tensor, a view per row
-    stored in its buffer."""
+    """4.1, GPU-resident keys: one copy of every row's tensor, a view per row stored in its buffer
+    (the runner copies them once the step's hooks have all run, per-row hooks' too)."""
     get = step.buffers.get
     for key, qualifier in step.gpu_keys:
         subs, tensors = [], []
@@ -202,17 +202,6 @@ def owned_copies_batched(step: Step) -> None:
             continue
         for sub, copy in zip(subs, torch.cat(tensors).split([t.shape[0] for t in tensors]), strict=True):
             sub[qualifier] = copy
-
-
-def owned_copies_per_row(step: Step) -> None:
-    """4.1, GPU-resident keys of per-row hooks: a copy of each row's tensor before the next row's
-    hook runs (the next call may rewrite what the last one returned)."""
-    get = step.buffers.get
-    for key, qualifier in step.gpu_keys:
-        for req_id, update in zip(step.req_ids, step.updates, strict=True):
-            value = update.get(key)
-            if value is not None and qualifier in value:
-                get(req_id)[key][qualifier] = value[qualifier].clone()
 
 
 def code_rows(step: Step) -> None:
@@ -304,7 +293,6 @@ FLOORS: dict[str, tuple[str, Callable[[Step], Any]]] = {
     "journal": ("issue 9", journal),
     "merges": ("4.1", merges),
     "owned_copies": ("4.1 gpu_resident", owned_copies_batched),
-    "owned_copies_per_row": ("4.1 gpu_resident", owned_copies_per_row),
     "code_rows": ("2.3", code_rows),
     "generators": ("2.3 seeds", generators),
     "hook_calls": ("3.3 a batch", batch_hook_call),
@@ -330,7 +318,7 @@ CELL_FLOORS = {
         "row_checks",
         "journal",
         "merges",
-        "owned_copies_per_row",
+        "owned_copies",
         "mtp_gather",
         "code_rows",
     ),
@@ -343,6 +331,21 @@ CELL_FLOORS = {
 # takes two passes (the journal and the runner keys before the batch hook, which sees them; the
 # merges and copies after it); per-row hooks one, and the codes a second after the predictor.
 # The loops repeat the separate floors' bodies inline on purpose: a floor makes no call per row.
+
+
+def _owned_views(step: Step) -> dict[tuple[str, str], tuple[torch.Tensor, ...]]:
+    """Each GPU-resident key's tensors of the step's updates copied in one ``cat``, a view per row."""
+    n = len(step.req_ids)
+    owned = {}
+    for key, qualifier in step.gpu_keys:
+        tensors = [u[key][qualifier] for u in step.updates if qualifier in u.get(key, ())]
+        if not tensors:
+            continue
+        if len(tensors) != n:
+            # The copies are stored by row: a key on some rows only would go unstored.
+            raise ValueError(f"{key}.{qualifier} is in {len(tensors)} of the step's {n} updates")
+        owned[key, qualifier] = torch.cat(tensors).split([t.shape[0] for t in tensors])
+    return owned
 
 
 def whole_step_batched(step: Step) -> None:
@@ -368,16 +371,7 @@ def whole_step_batched(step: Step) -> None:
         buffer["_omni_is_prefill"] = done < prompt_len
         row_buffers.append(buffer)
     step.model.preprocess_decode_batch(input_ids=step.ids, req_infos=row_buffers)
-    owned = {}
-    if "owned_copies" in paid:
-        for key, qualifier in gpu_keys:
-            tensors = [u[key][qualifier] for u in step.updates if qualifier in u.get(key, ())]
-            if not tensors:
-                continue
-            if len(tensors) != n:
-                # The copies are stored by row below: a key on some rows only would go unstored.
-                raise ValueError(f"{key}.{qualifier} is in {len(tensors)} of the step's {n} updates")
-            owned[key, qualifier] = torch.cat(tensors).split([t.shape[0] for t in tensors])
+    owned = _owned_views(step) if "owned_copies" in paid else {}
     codes = step.codes.clone().split([1] * n) if "code_rows" in paid else None
     seeded = "generators" in paid
     for row, (req_id, buffer, update) in enumerate(zip(step.req_ids, row_buffers, step.updates, strict=True)):
@@ -402,7 +396,8 @@ def whole_step_batched(step: Step) -> None:
 
 
 def whole_step_per_row(step: Step) -> None:
-    """Per-row hooks with MTP (the talker): one pass for the hooks, a second for the codes."""
+    """Per-row hooks with MTP (the talker): one pass for the hooks, a second for the owned copies
+    and the codes."""
     get = step.buffers.get
     requests = step.requests
     gpu_keys = step.gpu_keys
@@ -461,14 +456,18 @@ def whole_step_per_row(step: Step) -> None:
             if sub is None:
                 sub = buffer[key] = {}
             for qualifier, item in value.items():
-                if (key, qualifier) in gpu_keys:
-                    sub[qualifier] = item.clone()
-                else:
+                if (key, qualifier) not in gpu_keys:
                     sub[qualifier] = item if item.is_cpu else item.cpu()
         requests[req_id].additional_information_cpu = buffer
     torch.cat(ids), torch.cat(embeds), torch.stack(hidden), torch.stack(text)
-    for req_id, code in zip(step.req_ids, step.codes.clone().split(sizes), strict=True):
-        get(req_id)["codes"]["audio"] = code
+    # The GPU-resident updates' copies once every hook has run, then the codes.
+    owned = _owned_views(step)
+    codes = step.codes.clone().split(sizes)
+    for row, req_id in enumerate(step.req_ids):
+        buffer = get(req_id)
+        for (key, qualifier), copies in owned.items():
+            buffer[key][qualifier] = copies[row]
+        buffer["codes"]["audio"] = codes[row]
 
 
 def whole_step(step: Step) -> None:
@@ -486,11 +485,7 @@ def omnigen_runner_keys(step: Step) -> None:
     runner = step.runner
     scheduled = dict.fromkeys(step.req_ids, 1)
     rows = phases.read_row_phases(runner.input_batch, runner.query_start_loc, scheduled)
-    if not step.row_results:
-        phases.stamp_batch(runner, rows.req_ids, rows.keys)
-        return
-    for req_id, key in zip(rows.req_ids, rows.keys, strict=True):
-        phases.stamp(runner._request_buffer(req_id), key)
+    phases.stamp_rows(runner, rows)
 
 
 def omnigen_journal(step: Step) -> None:
@@ -498,13 +493,9 @@ def omnigen_journal(step: Step) -> None:
 
 
 def omnigen_merges(step: Step) -> None:
-    runner = step.runner
-    if not step.row_results:
-        row_buffers = [step.buffers[req_id] for req_id in step.req_ids]
-        phases.merge_batch_updates(runner, step.req_ids, row_buffers, step.updates)
-        return
-    for req_id, update in zip(step.req_ids, step.updates, strict=True):
-        runner._update_intermediate_buffer(req_id, update)
+    row_buffers = [step.buffers[req_id] for req_id in step.req_ids]
+    requests = [step.requests[req_id] for req_id in step.req_ids]
+    phases.merge_batch_updates(row_buffers, requests, step.updates, step.runner.GPU_RESIDENT_KEYS)
 
 
 def omnigen_code_rows(step: Step) -> None:
@@ -543,7 +534,7 @@ OMNIGEN_CODE: dict[str, tuple[tuple[str, ...], Callable[[Step], Any]]] = {
         ("journal",),
         omnigen_journal,
     ),
-    "merges with their owned copies": (("merges", "owned_copies", "owned_copies_per_row"), omnigen_merges),
+    "merges with their owned copies": (("merges", "owned_copies"), omnigen_merges),
     "owned_code_rows + store_code_rows": (("code_rows",), omnigen_code_rows),
     "row_generators (every row: unseeded ones too)": (("generators",), omnigen_generators),
     "row_output": (("row_checks",), omnigen_row_checks),

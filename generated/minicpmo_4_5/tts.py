@@ -118,29 +118,44 @@ class Minicpmo45TtsRunner(OmniRunnerBase, vllm_api.GPUModelRunner):
 
     def _hook_rows(self, rows: Any, input_ids: torch.Tensor, inputs_embeds: torch.Tensor) -> None:
         """Each row through the model's hooks, in batch order (3.1-3.5)."""
+        num_tokens = int(input_ids.shape[0])
         # Every row's tokens lie within the step, or no hook runs (3.5).
-        phases.check_row_bounds(rows, int(input_ids.shape[0]))
+        phases.check_row_bounds(rows, num_tokens)
+        # Each row's buffer with its runner keys (3.1), and its request (None: unknown; nothing is
+        # merged into its buffer, 4.1).
+        row_buffers = phases.stamp_rows(self, rows)
+        requests = list(map(self.requests.get, rows.req_ids))
+        preprocess = self.model.preprocess
         width = inputs_embeds.shape[1]
+        # Each row's update (None: nothing to merge), merged once every hook has run (4.1).
+        row_updates: list[Any] = []
         # Each row's slices of the step's ids and embeddings, made together (3.3).
         ids_slices, embeds_slices = phases.row_slices(rows, input_ids, inputs_embeds)
-        for row in range(rows.num_rows):
-            req_id = rows.req_ids[row]
-            infos = self._request_buffer(req_id)
-            phases.stamp(infos, rows.keys[row])
-            start = rows.starts[row]
-            end = rows.ends[row]
-            row_ids, row_embeds = ids_slices[row], embeds_slices[row]
+        row_fields = zip(
+            rows.req_ids,
+            row_buffers,
+            rows.starts,
+            rows.ends,
+            ids_slices,
+            embeds_slices,
+            strict=True,
+        )
+        for req_id, buffer, start, end, row_ids, row_embeds in row_fields:
             try:
-                out = self.model.preprocess(input_ids=row_ids, input_embeds=row_embeds, **infos)
+                out = preprocess(input_ids=row_ids, input_embeds=row_embeds, **buffer)
             except Exception as exc:
                 phases.note_hook_failure(exc, "preprocess", [req_id])
                 raise
             # The result is checked (arity, count, width, dtype, types) before anything is written (3.5).
             ids_out, embeds_out, update = phases.row_output(req_id, out, end - start, width)
-            self._update_intermediate_buffer(req_id, update)
+            row_updates.append(update)
             phases.write_into(row_embeds, embeds_out)
             if ids_out is not None:
                 phases.write_into(row_ids, ids_out)
+        # Every row's update merges into its buffer (4.1) after the step's last hook, the device
+        # copies of a GPU-resident key in one operation: a hook's returned tensors are read once
+        # the loop is done (as the MTP inputs are), so a hook must not rewrite them in the step.
+        phases.merge_batch_updates(row_buffers, requests, row_updates, self.GPU_RESIDENT_KEYS)
 
     def _should_accumulate_full_payload_output(self) -> bool:
         """Whether this stage keeps a full payload to send at request end (5.2)."""

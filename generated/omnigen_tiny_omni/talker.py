@@ -173,15 +173,23 @@ class OmnigenTinyOmniTalkerRunner(OmniRunnerBase, vllm_api.GPUModelRunner):
 
     def _hook_rows(self, rows: Any, input_ids: torch.Tensor, inputs_embeds: torch.Tensor) -> None:
         """Each row through the model's hooks, in batch order (3.1-3.5)."""
+        num_tokens = int(input_ids.shape[0])
         # preprocess.decode_batch=mtp: adjacent single-token decode rows share one hook call
         # that also returns their MTP inputs.
         segments = phases.segments(rows.single_decode)
         # mtp.enabled: the MTP rows are gathered and written back by offset, so offsets out of
         # bounds or shared by two rows fail before any hook runs (3.5).
-        phases.check_mtp_offsets(rows, int(input_ids.shape[0]))
+        phases.check_mtp_offsets(rows, num_tokens)
         # Every row's tokens lie within the step, or no hook runs (3.5).
-        phases.check_row_bounds(rows, int(input_ids.shape[0]))
+        phases.check_row_bounds(rows, num_tokens)
+        # Each row's buffer with its runner keys (3.1), and its request (None: unknown; nothing is
+        # merged into its buffer, 4.1).
+        row_buffers = phases.stamp_rows(self, rows)
+        requests = list(map(self.requests.get, rows.req_ids))
+        preprocess = self.model.preprocess
         width = inputs_embeds.shape[1]
+        # Each row's update (None: nothing to merge), merged once every hook has run (4.1).
+        row_updates: list[Any] = []
         mtp_width = self.last_talker_hidden.gpu.shape[1]
         mtp_req_ids: list[str] = []
         mtp_offsets: list[int] = []
@@ -191,27 +199,23 @@ class OmnigenTinyOmniTalkerRunner(OmniRunnerBase, vllm_api.GPUModelRunner):
         mtp_text: list[torch.Tensor] = []
         for first, last, batched in segments:
             if not batched:
-                row = first
-                req_id = rows.req_ids[row]
-                infos = self._request_buffer(req_id)
-                phases.stamp(infos, rows.keys[row])
-                start = rows.starts[row]
-                end = rows.ends[row]
+                req_id, buffer = rows.req_ids[first], row_buffers[first]
+                start, end = rows.starts[first], rows.ends[first]
                 row_ids, row_embeds = input_ids[start:end], inputs_embeds[start:end]
                 try:
-                    out = self.model.preprocess(input_ids=row_ids, input_embeds=row_embeds, **infos)
+                    out = preprocess(input_ids=row_ids, input_embeds=row_embeds, **buffer)
                 except Exception as exc:
                     phases.note_hook_failure(exc, "preprocess", [req_id])
                     raise
                 # The result is checked (arity, count, width, dtype, types) before anything is written (3.5).
                 ids_out, embeds_out, update = phases.row_output(req_id, out, end - start, width)
-                self._update_intermediate_buffer(req_id, update)
+                row_updates.append(update)
                 phases.write_into(row_embeds, embeds_out)
                 if ids_out is not None:
                     phases.write_into(row_ids, ids_out)
                 continue
             req_ids = rows.req_ids[first:last]
-            infos = phases.stamp_batch(self, req_ids, rows.keys[first:last])
+            infos = row_buffers[first:last]
             offsets = rows.starts[first:last]
             # Adjacent rows of single-token decodes are usually adjacent tokens too: then the ids and
             # embeddings are read and written as one slice, else gathered and scattered by offset.
@@ -248,8 +252,11 @@ class OmnigenTinyOmniTalkerRunner(OmniRunnerBase, vllm_api.GPUModelRunner):
             mtp_text.append(text_step)
             mtp_req_ids.extend(req_ids)
             mtp_offsets.extend(offsets)
-            # Each row's update merges into its buffer (4.1), the device copies in one operation.
-            phases.merge_batch_updates(self, req_ids, infos, updates)
+            row_updates.extend(updates)
+        # Every row's update merges into its buffer (4.1) after the step's last hook, the device
+        # copies of a GPU-resident key in one operation: a hook's returned tensors are read once
+        # the loop is done (as the MTP inputs are), so a hook must not rewrite them in the step.
+        phases.merge_batch_updates(row_buffers, requests, row_updates, self.GPU_RESIDENT_KEYS)
         if mtp_req_ids:
             # The MTP rows run once, after every row's hook, in row order (3.4): their inputs are
             # staged in the first rows of the four buffers, one copy each.

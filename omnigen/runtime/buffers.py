@@ -12,6 +12,8 @@ from typing import Any
 import torch
 
 GpuKeys = frozenset[tuple[str, str]]
+_Tensor = torch.Tensor
+"""``torch.Tensor``, bound once: a merge looks it up for every update value."""
 
 REPLACE_MARKER = "replace_runtime_additional_information"
 RUNNER_META_KEYS = ("num_processed_tokens", "resumable")
@@ -21,7 +23,7 @@ def to_host(value: Any) -> Any:
     """A buffer value as the buffer keeps it when its key is not GPU-resident: tensors on the host,
     detached and contiguous (a detach or a copy only where it changes something: this runs for
     every update value of every row)."""
-    if isinstance(value, torch.Tensor):
+    if isinstance(value, _Tensor):
         t = value.detach() if value.requires_grad else value
         if not t.is_cpu:
             return t.to("cpu").contiguous()
@@ -34,7 +36,7 @@ def to_host(value: Any) -> Any:
 def keep_on_device(value: Any) -> Any:
     """A GPU-resident key's value: an owned copy of a tensor (a graph replay must not rewrite what
     the buffer holds), anything else as ``to_host`` keeps it."""
-    if isinstance(value, torch.Tensor):
+    if isinstance(value, _Tensor):
         return (value.detach() if value.requires_grad else value).clone()
     return to_host(value)
 
@@ -74,23 +76,28 @@ def merge_update(
     of rows can make all of theirs in one device operation.
     """
     for key, value in update.items():
-        if isinstance(value, dict):
-            sub = buffer.get(key)
-            if not isinstance(sub, dict):
-                sub = buffer[key] = {}
-            for qualifier, item in value.items():
-                if not (gpu_keys and (pair := (key, qualifier)) in gpu_keys):
-                    sub[qualifier] = to_host(item)
-                elif deferred is not None and isinstance(item, torch.Tensor):
-                    entry = deferred.get(pair)
-                    if entry is None:
-                        entry = deferred[pair] = ([], [])
-                    entry[0].append(sub)
-                    entry[1].append(item)
-                else:
-                    sub[qualifier] = keep_on_device(item)
-        else:
+        if not isinstance(value, dict):
             buffer[key] = to_host(value)
+            continue
+        sub = buffer.get(key)
+        if not isinstance(sub, dict):
+            sub = buffer[key] = {}
+        for qualifier, item in value.items():
+            if not (gpu_keys and (pair := (key, qualifier)) in gpu_keys):
+                # to_host(item), without the call where it would hand back the item itself: a
+                # contiguous host tensor that needs no detach (this runs for every update value).
+                if type(item) is _Tensor and item.is_cpu and not item.requires_grad and item.is_contiguous():
+                    sub[qualifier] = item
+                else:
+                    sub[qualifier] = to_host(item)
+            elif deferred is not None and isinstance(item, _Tensor):
+                entry = deferred.get(pair)
+                if entry is None:
+                    entry = deferred[pair] = ([], [])
+                entry[0].append(sub)
+                entry[1].append(item)
+            else:
+                sub[qualifier] = keep_on_device(item)
 
 
 def store_owned_copies(deferred: DeferredCopies) -> None:

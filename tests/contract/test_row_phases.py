@@ -62,7 +62,12 @@ def test_the_python_and_the_vector_reads_agree(rows, laid_out):
     decode_starts = [s for s, d in zip(starts, decode, strict=True) if d]
     assert vector.last_decode_start == (decode_starts[-1] if decode_starts else -1)
     assert vector.decode_starts_increasing is all(a < b for a, b in itertools.pairwise(decode_starts))
-    assert vector.keys == [(f"r{i}", r[2], r[3], r[3] < r[2]) for i, r in enumerate(rows)]
+    assert vector.prompt_lens == [r[2] for r in rows]
+    assert vector.computed == [r[3] for r in rows]
+    assert vector.is_prefill == [r[3] < r[2] for r in rows]
+    # 3.1: the runner keys are Python ints and bools (never numpy scalars).
+    assert all(type(value) is int for value in (*vector.prompt_lens, *vector.computed))
+    assert all(type(value) is bool for value in vector.is_prefill)
 
 
 @settings(max_examples=100, deadline=None)
@@ -71,4 +76,5 @@ def test_the_one_row_read_agrees_with_the_vector_read(row):
     step = _step([row])
     one = phases.read_row_phases(*step)
     assert one == phases._read_rows_vectorized(step[0].req_ids, *step)
-    assert all(type(value) is int for value in (*one.starts, *one.ends, *one.keys[0][1:3]))
+    assert all(type(value) is int for value in (*one.starts, *one.ends, *one.prompt_lens, *one.computed))
+    assert all(type(value) is bool for value in one.is_prefill)

@@ -107,7 +107,8 @@ def _merged_by_the_runner(step) -> dict:
 
     runner = Runner()
     rows = [runner.model_intermediate_buffer[req_id] for req_id in step.req_ids]
-    phases.merge_batch_updates(runner, step.req_ids, rows, step.updates)
+    requests = [runner.requests[req_id] for req_id in step.req_ids]
+    phases.merge_batch_updates(rows, requests, step.updates, runner.GPU_RESIDENT_KEYS)
     return runner.model_intermediate_buffer
 
 
@@ -116,10 +117,7 @@ def test_merges_and_owned_copies_store_what_the_runner_stores(step):
     expected = _merged_by_the_runner(step)
     _blank(step)
     floors.merges(step)
-    owned = (
-        "owned_copies_per_row" if "owned_copies_per_row" in floors.CELL_FLOORS[step.cell] else "owned_copies"
-    )
-    floors.FLOORS[owned][1](step)
+    floors.owned_copies_batched(step)
     if step.codes is not None:
         floors.code_rows(step)
     _check_stored(step, expected)
