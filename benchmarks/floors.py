@@ -50,7 +50,7 @@ from rich.table import Table  # noqa: E402
 
 from benchmarks import host_overhead  # noqa: E402
 from benchmarks.host_overhead import CELLS  # noqa: E402
-from omnigen.runtime import mtp, phases  # noqa: E402
+from omnigen.runtime import buffers, mtp, phases  # noqa: E402
 from tests.oracle import harness  # noqa: E402
 
 TARGETS = {"tts_mtp": 0.12, "tts_mtp_seeded": 0.12, "plain": 0.2, "omni_talker": 0.35}
@@ -493,9 +493,18 @@ def omnigen_journal(step: Step) -> None:
 
 
 def omnigen_merges(step: Step) -> None:
+    """The merges as the generated runner makes them: row by row for per-row hooks, in one loop
+    for a decode batch, the owned copies after the last."""
     row_buffers = [step.buffers[req_id] for req_id in step.req_ids]
     requests = [step.requests[req_id] for req_id in step.req_ids]
-    phases.merge_batch_updates(row_buffers, requests, step.updates, step.runner.GPU_RESIDENT_KEYS)
+    gpu_keys = step.runner.GPU_RESIDENT_KEYS
+    deferred: buffers.DeferredCopies = {}
+    if "row_hook_calls" in CELL_FLOORS[step.cell]:
+        for buffer, request, update in zip(row_buffers, requests, step.updates, strict=True):
+            phases.merge_row_update(buffer, request, update, gpu_keys, deferred)
+    else:
+        phases.merge_batch_updates(row_buffers, requests, step.updates, gpu_keys, deferred)
+    buffers.store_owned_copies(deferred)
 
 
 def omnigen_code_rows(step: Step) -> None:

@@ -161,7 +161,7 @@ def _summary(plan: StagePlan) -> str:
 
 def _runtime_imports(plan: StagePlan) -> list[str]:
     runtime_modules = ["step_outputs"]
-    if plan.replace_on_marker:
+    if plan.replace_on_marker or plan.preprocess_hook:
         runtime_modules.append("buffers")
     if plan.mrope or plan.mrope_fallback:
         runtime_modules.append("mrope")

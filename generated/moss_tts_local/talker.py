@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from omnigen.runtime import mtp, phases, step_outputs, vllm_api
+from omnigen.runtime import buffers, mtp, phases, step_outputs, vllm_api
 from omnigen.runtime.base import OmniRunnerBase
 from omnigen.runtime.outputs import OmniOutput, as_omni_output, restore_flattened_omni_output
 from omnigen.runtime.worker import worker_base
@@ -197,8 +197,10 @@ class MossTtsLocalTalkerRunner(OmniRunnerBase, vllm_api.GPUModelRunner):
         requests = list(map(self.requests.get, rows.req_ids))
         preprocess = self.model.preprocess
         width = inputs_embeds.shape[1]
-        # Each row's update (None: nothing to merge), merged once every hook has run (4.1).
-        row_updates: list[Any] = []
+        # Each row's update merges into its buffer as it comes (4.1), but a GPU-resident key's
+        # owned copies wait for the step's last hook (below).
+        gpu_keys = self.GPU_RESIDENT_KEYS
+        deferred: buffers.DeferredCopies = {}
         mtp_width = self.last_talker_hidden.gpu.shape[1]
         mtp_req_ids: list[str] = []
         mtp_offsets: list[int] = []
@@ -209,6 +211,7 @@ class MossTtsLocalTalkerRunner(OmniRunnerBase, vllm_api.GPUModelRunner):
         for first, last, batched in segments:
             if not batched:
                 req_id, buffer = rows.req_ids[first], row_buffers[first]
+                request = requests[first]
                 start, end = rows.starts[first], rows.ends[first]
                 row_ids, row_embeds = input_ids[start:end], inputs_embeds[start:end]
                 try:
@@ -218,7 +221,7 @@ class MossTtsLocalTalkerRunner(OmniRunnerBase, vllm_api.GPUModelRunner):
                     raise
                 # The result is checked (arity, count, width, dtype, types) before anything is written (3.5).
                 ids_out, embeds_out, update = phases.row_output(req_id, out, end - start, width)
-                row_updates.append(update)
+                phases.merge_row_update(buffer, request, update, gpu_keys, deferred)
                 phases.write_into(row_embeds, embeds_out)
                 if ids_out is not None:
                     phases.write_into(row_ids, ids_out)
@@ -261,11 +264,13 @@ class MossTtsLocalTalkerRunner(OmniRunnerBase, vllm_api.GPUModelRunner):
             mtp_text.append(text_step)
             mtp_req_ids.extend(req_ids)
             mtp_offsets.extend(offsets)
-            row_updates.extend(updates)
-        # Every row's update merges into its buffer (4.1) after the step's last hook, the device
-        # copies of a GPU-resident key in one operation: a hook's returned tensors are read once
-        # the loop is done (as the MTP inputs are), so a hook must not rewrite them in the step.
-        phases.merge_batch_updates(row_buffers, requests, row_updates, self.GPU_RESIDENT_KEYS)
+            phases.merge_batch_updates(
+                row_buffers[first:last], requests[first:last], updates, gpu_keys, deferred
+            )
+        # The owned copies of the GPU-resident tensors the hooks returned, one device operation per
+        # key for the step: they are read after the loop (as the MTP inputs are), so a hook must
+        # not rewrite within the step a GPU-resident tensor it returned.
+        buffers.store_owned_copies(deferred)
         if mtp_req_ids:
             # The MTP rows run once, after every row's hook, in row order (3.4): their inputs are
             # staged in the first rows of the four buffers, one copy each.

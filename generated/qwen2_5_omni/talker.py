@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from omnigen.runtime import mrope, phases, step_outputs, vllm_api
+from omnigen.runtime import buffers, mrope, phases, step_outputs, vllm_api
 from omnigen.runtime.base import OmniRunnerBase
 from omnigen.runtime.outputs import OmniOutput, as_omni_output, restore_flattened_omni_output
 from omnigen.runtime.worker import worker_base
@@ -120,20 +120,23 @@ class Qwen25OmniTalkerRunner(OmniRunnerBase, vllm_api.GPUModelRunner):
         requests = list(map(self.requests.get, rows.req_ids))
         preprocess = self.model.preprocess
         width = inputs_embeds.shape[1]
-        # Each row's update (None: nothing to merge), merged once every hook has run (4.1).
-        row_updates: list[Any] = []
+        # Each row's update merges into its buffer as it comes (4.1), but a GPU-resident key's
+        # owned copies wait for the step's last hook (below).
+        gpu_keys = self.GPU_RESIDENT_KEYS
+        deferred: buffers.DeferredCopies = {}
         # Each row's slices of the step's ids and embeddings, made together (3.3).
         ids_slices, embeds_slices = phases.row_slices(rows, input_ids, inputs_embeds)
         row_fields = zip(
             rows.req_ids,
             row_buffers,
+            requests,
             rows.starts,
             rows.ends,
             ids_slices,
             embeds_slices,
             strict=True,
         )
-        for req_id, buffer, start, end, row_ids, row_embeds in row_fields:
+        for req_id, buffer, request, start, end, row_ids, row_embeds in row_fields:
             try:
                 out = preprocess(input_ids=row_ids, input_embeds=row_embeds, **buffer)
             except Exception as exc:
@@ -141,14 +144,14 @@ class Qwen25OmniTalkerRunner(OmniRunnerBase, vllm_api.GPUModelRunner):
                 raise
             # The result is checked (arity, count, width, dtype, types) before anything is written (3.5).
             ids_out, embeds_out, update = phases.row_output(req_id, out, end - start, width)
-            row_updates.append(update)
+            phases.merge_row_update(buffer, request, update, gpu_keys, deferred)
             phases.write_into(row_embeds, embeds_out)
             if ids_out is not None:
                 phases.write_into(row_ids, ids_out)
-        # Every row's update merges into its buffer (4.1) after the step's last hook, the device
-        # copies of a GPU-resident key in one operation: a hook's returned tensors are read once
-        # the loop is done (as the MTP inputs are), so a hook must not rewrite them in the step.
-        phases.merge_batch_updates(row_buffers, requests, row_updates, self.GPU_RESIDENT_KEYS)
+        # The owned copies of the GPU-resident tensors the hooks returned, one device operation per
+        # key for the step: they are read after the loop (as the MTP inputs are), so a hook must
+        # not rewrite within the step a GPU-resident tensor it returned.
+        buffers.store_owned_copies(deferred)
 
     @staticmethod
     def _filter_mrope_kwargs_for_model(model: Any, kwargs: dict[str, Any]) -> dict[str, Any]:

@@ -345,25 +345,36 @@ def with_request_features(
     ]
 
 
-def merge_batch_updates(
-    row_buffers: list[dict[str, Any]], requests: list[Any], updates: list[Any], gpu_keys: buffers.GpuKeys
+def merge_row_update(
+    buffer: dict[str, Any],
+    request: Any,
+    update: Any,
+    gpu_keys: buffers.GpuKeys,
+    deferred: buffers.DeferredCopies,
 ) -> None:
-    """Merge the step's updates into their rows' buffers and mirror each buffer as its request's
-    ``additional_information_cpu``, as ``runner._update_intermediate_buffer`` does row by row (4.1:
-    nothing for an empty or non-dict update or an unknown request, None), with the GPU-resident
-    tensors of all rows copied in one device operation per key.
+    """Merge one row's update into its buffer and mirror the buffer as its request's
+    ``additional_information_cpu``, as ``runner._update_intermediate_buffer`` does (4.1: nothing
+    for an empty or non-dict update or an unknown request, None), except that a GPU-resident
+    key's tensors are left in ``deferred``: the step makes their owned copies after its last hook,
+    one device operation per key (``buffers.store_owned_copies``)."""
+    if request is not None and update and isinstance(update, dict):
+        buffers.merge_update(buffer, update, gpu_keys, deferred)
+        request.additional_information_cpu = buffer
 
-    The copies are made before this returns, so a hook that returned the tensors may reuse them
-    afterwards.
-    """
-    deferred: buffers.DeferredCopies = {}
+
+def merge_batch_updates(
+    row_buffers: list[dict[str, Any]],
+    requests: list[Any],
+    updates: list[Any],
+    gpu_keys: buffers.GpuKeys,
+    deferred: buffers.DeferredCopies,
+) -> None:
+    """``merge_row_update`` for each row of a decode batch, the loop inlined (it runs for every row)."""
     merge_update = buffers.merge_update
     for buffer, request, update in zip(row_buffers, requests, updates, strict=True):
         if request is not None and update and isinstance(update, dict):
             merge_update(buffer, update, gpu_keys, deferred)
             request.additional_information_cpu = buffer
-    if deferred:
-        buffers.store_owned_copies(deferred)
 
 
 _Tensor = torch.Tensor

@@ -1,8 +1,7 @@
-"""A step's updates are merged once its last hook has run (CONTRACT 4.1, 3.3): every hooked row's
-update, the per-row hooks' as much as a decode batch's, lands in its buffer as if merged row by
-row, a GPU-resident key's tensors as owned device copies made together (one device operation
-per key), each equal to what its hook returned and sharing memory with neither that tensor nor
-another row's copy."""
+"""Every hooked row's update, the per-row hooks' as much as a decode batch's, lands in its buffer
+(CONTRACT 4.1, 3.3), a GPU-resident key's tensors as owned device copies made together once the
+step's last hook has run (one device operation per key), each equal to what its hook returned
+and sharing memory with neither that tensor nor another row's copy."""
 
 from __future__ import annotations
 

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from benchmarks import floors
-from omnigen.runtime import mtp, phases
+from omnigen.runtime import buffers, mtp, phases
 
 pytestmark = pytest.mark.oracle
 
@@ -108,7 +108,10 @@ def _merged_by_the_runner(step) -> dict:
     runner = Runner()
     rows = [runner.model_intermediate_buffer[req_id] for req_id in step.req_ids]
     requests = [runner.requests[req_id] for req_id in step.req_ids]
-    phases.merge_batch_updates(rows, requests, step.updates, runner.GPU_RESIDENT_KEYS)
+    deferred: buffers.DeferredCopies = {}
+    for buffer, request, update in zip(rows, requests, step.updates, strict=True):
+        phases.merge_row_update(buffer, request, update, runner.GPU_RESIDENT_KEYS, deferred)
+    buffers.store_owned_copies(deferred)
     return runner.model_intermediate_buffer
 
 
