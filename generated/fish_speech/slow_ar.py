@@ -219,15 +219,17 @@ class FishSpeechSlowArRunner(OmniRunnerBase, vllm_api.GPUModelRunner):
                 phases.note_hook_failure(exc, "preprocess", [req_id])
                 raise
             if decode:
-                # The result is checked (arity, count, width, dtype, types) before anything is written (3.5).
-                ids_out, embeds_out, update = phases.row_output(req_id, out, end - start, width, mtp_width)
+                # The result is checked (arity, count, width, dtype, types) before anything is written (3.5),
+                # and its MTP inputs taken out of the update.
+                ids_out, embeds_out, update, last_hidden, text_step = phases.mtp_row_output(
+                    req_id, out, width, mtp_width
+                )
                 # mtp.enabled: a single-token decode row feeds the talker MTP (3.2); its ids are written with
                 # the other MTP rows' after the loop and its embedding is the predictor's (2.3), unless rows
                 # share tokens: then a later row's hook reads what this row writes, in row order.
                 if not rows.disjoint:
                     phases.write_into(row_embeds, embeds_out)
                     phases.write_into(row_ids, ids_out)
-                last_hidden, text_step = update.pop("mtp_inputs")
                 mtp_ids.append(ids_out)
                 mtp_embeds.append(embeds_out)
                 mtp_hidden.append(last_hidden)

@@ -574,15 +574,12 @@ def note_hook_failure(exc: BaseException, hook: str, req_ids: list[str]) -> None
 ROW_RESULT = "(ids, embeddings, update)"
 
 
-def row_output(
-    req_id: str, out: Any, span: int, width: int, mtp_width: int | None = None, hook: str = "preprocess"
-) -> Any:
+def row_output(req_id: str, out: Any, span: int, width: int, hook: str = "preprocess") -> Any:
     """A per-row hook's ``(ids, embeddings, update)``, or a ``ValueError`` naming the request and
     the hook, raised before anything is written (3.5), unless the row got what it needs: ``span``
     embedding rows of ``width`` (floating point), ``span`` integer ids (or None, to keep the
-    scheduled ones; not on a talker-MTP row, whose ids feed the predictor), an update dict (or
-    None), and, on an MTP row, ``mtp_inputs`` of two floating-point hidden vectors of
-    ``mtp_width``.
+    scheduled ones), an update dict (or None). A talker-MTP decode row is checked by
+    ``mtp_row_output``.
 
     This runs on every row: the common case is one expression of attribute reads, the dtypes
     asked of the dtype (``t.dtype.is_floating_point``) rather than of the tensor (a tensor method
@@ -597,13 +594,41 @@ def row_output(
             and (
                 ids.numel() == span and ids.dtype in _INTEGER_DTYPES
                 if isinstance(ids, _Tensor)
-                else ids is None and mtp_width is None
+                else ids is None
             )
             and (update is None or isinstance(update, dict))
-            and (mtp_width is None or _mtp_inputs_ok(update, mtp_width))
         ):
             return out
-    raise ValueError(_row_problems(req_id, out, span, width, mtp_width, hook))
+    raise ValueError(_row_problems(req_id, out, span, width, None, hook))
+
+
+def mtp_row_output(req_id: str, out: Any, width: int, mtp_width: int) -> Any:
+    """``row_output`` of a talker-MTP decode row (one token, ``mtp_width`` given), its MTP inputs
+    taken out of its update: ``(ids, embeddings, update, last_hidden, text_step)``, or the same
+    ``ValueError``. The same checks, in one expression with ``_mtp_inputs_ok``'s: this runs on
+    every MTP row of every step."""
+    if isinstance(out, tuple) and len(out) == 3:
+        ids, embeds, update = out
+        if (
+            isinstance(embeds, _Tensor)
+            and embeds.shape == (1, width)
+            and embeds.dtype.is_floating_point
+            and isinstance(ids, _Tensor)
+            and ids.numel() == 1
+            and ids.dtype in _INTEGER_DTYPES
+            and isinstance(update, dict)
+            and isinstance(pair := update.get("mtp_inputs"), tuple)
+            and len(pair) == 2
+            and isinstance(last_hidden := pair[0], _Tensor)
+            and isinstance(text_step := pair[1], _Tensor)
+            and last_hidden.numel() == mtp_width
+            and text_step.numel() == mtp_width
+            and last_hidden.dtype.is_floating_point
+            and text_step.dtype.is_floating_point
+        ):
+            del update["mtp_inputs"]
+            return ids, embeds, update, last_hidden, text_step
+    raise ValueError(_row_problems(req_id, out, 1, width, mtp_width, "preprocess"))
 
 
 def _row_problems(req_id: str, out: Any, span: int, width: int, mtp_width: int | None, hook: str) -> str:
