@@ -82,8 +82,9 @@ class Step:
     generators: dict[str, Any]
     """The runner's kept MTP generators (2.3)."""
     model: Any
-    """The trivial-hooks model, its hooks timed by ``clock`` as the benchmark times them."""
-    clock: Any
+    """The trivial-hooks model."""
+    recorder: host_overhead.HookRecorder
+    """Records the model's hook calls, to time them apart as the benchmark does."""
     runner: Any
     """The generated runner whose step this is (for omnigen's own code on the same work)."""
 
@@ -130,7 +131,7 @@ def steady_step(cell_key: str, batch: int) -> Step:
         width=int(embeds.shape[1]),
         generators=getattr(runner, "_talker_mtp_generators", {}),
         model=model,
-        clock=prep.clock,
+        recorder=host_overhead.HookRecorder(model, runner),
         runner=runner,
     )
 
@@ -565,16 +566,19 @@ def omnigen_code_for(cell: str) -> dict[str, tuple[tuple[str, ...], Callable[[St
 
 def us_per_request(fn: Callable[[Step], Any], step: Step, number: int = 20) -> float:
     """µs per request of one timing of ``number`` calls of ``fn`` (a floor, or omnigen's code for
-    the same work; after one untimed call), the time inside the model's hooks left out."""
-    fn(step)
+    the same work; after one untimed call, which records the hook calls it makes), the time of
+    those hook calls, replayed ``number`` times, left out (as ``host_overhead`` leaves it out)."""
+    recorder = step.recorder
+    recorder.calls.clear()
+    with recorder.recording():
+        fn(step)
     gc.collect()
     gc.freeze()
     try:
-        inside = step.clock.seconds
         seconds = timeit.Timer(lambda: fn(step), timer=host_overhead._clock).timeit(number)
-        inside = step.clock.seconds - inside
     finally:
         gc.unfreeze()
+    inside = recorder.replay_seconds(number) if recorder.calls else 0.0
     return (seconds - inside) / number / len(step.req_ids) * 1e6
 
 

@@ -2,8 +2,9 @@
 
 Both runners are driven side by side in one process, interleaved (oracle, omnigen, oracle, ...),
 through the same steady-state steps with the same dummy model (tests/oracle: both runners call
-the same hooks with the same arguments). The time inside the model's hooks and the code
-predictor is measured and reported on its own column; the runner's figure is the rest of
+the same hooks with the same arguments). The steps run with the model's hooks and code predictor
+unwrapped; their time is measured apart, by replaying the calls a run of the same steps recorded
+(``HookRecorder``), and reported in its own columns; the runner's figure is the rest of
 ``_preprocess`` (vLLM's base ``_preprocess`` included, for both), per request per step.
 Medians over repeats; the ratios are the result (the machine is shared).
 
@@ -23,6 +24,7 @@ The marginal cost is the slope between the two largest batches, in µs per added
 from __future__ import annotations
 
 import argparse
+import contextlib
 import cProfile
 import functools
 import gc
@@ -129,40 +131,95 @@ class TrivialHooksModel(DummyTalkerModel):
         return inputs_embeds, self._codes[: int(input_ids.shape[0])]
 
 
-class _HookClock:
-    """Wraps the model's hooks and the predictor call to total the time spent inside them."""
+class HookRecorder:
+    """Keeps every call of a model's hooks and of its code predictor while ``recording``, so that
+    their time is measured apart, by replaying them (``replay_seconds``), and the measured run
+    calls them unwrapped.
 
-    def __init__(self, model) -> None:
-        self.seconds = 0.0
+    A clock read around each call inside the measured run would cost the code around it more
+    than the read itself: timed so with ``time.thread_time`` (a system call), omnigen's per-row
+    talker step at B = 256 took 2.1 µs a request more than unwrapped and vllm-omni's 1.0 µs more
+    (with ``time.perf_counter``, no system call: 0.3 and 0.0), so the runners were charged for
+    the instrument, and unevenly. A replay times the same calls, with the same arguments, in one
+    clock reading."""
+
+    def __init__(self, model, runner=None) -> None:
+        self.model = model
+        self.runner = runner
+        self.calls: list[tuple[object, tuple, dict]] = []
+
+    def _recorded(self, fn):
+        keep = self.calls.append
+
+        def recorded(*args, **kwargs):
+            keep((fn, args, kwargs))
+            return fn(*args, **kwargs)
+
+        return recorded
+
+    def install(self) -> list[tuple[object, str, object]]:
+        """Wrap the hooks (and the predictor, on the model and on a runner that took it when it
+        was built, 2.1) to record their calls; returns what ``uninstall`` puts back."""
+        saved = []
         for name in HOOKS:
-            hook = getattr(model, name, None)
+            hook = getattr(self.model, name, None)
             if callable(hook):
-                setattr(model, name, self._timed(hook))
-        if getattr(model, "talker_mtp", None) is not None:
-            model.talker_mtp = _TimedCallable(model.talker_mtp, self)
+                saved.append((self.model, name, self.model.__dict__.get(name, _ABSENT)))
+                setattr(self.model, name, self._recorded(hook))
+        predictor = getattr(self.model, "talker_mtp", None)
+        if predictor is not None:
+            wrapped = _RecordedCallable(predictor, self.calls)
+            for owner in (self.model, self.runner):
+                if owner is not None and hasattr(owner, "talker_mtp"):
+                    saved.append((owner, "talker_mtp", owner.__dict__.get("talker_mtp", _ABSENT)))
+                    owner.talker_mtp = wrapped
+        return saved
 
-    def _timed(self, fn):
-        def wrapper(*args, **kwargs):
+    @staticmethod
+    def uninstall(saved: list[tuple[object, str, object]]) -> None:
+        for owner, name, value in reversed(saved):
+            if value is _ABSENT:
+                delattr(owner, name)
+            else:
+                setattr(owner, name, value)
+
+    @contextlib.contextmanager
+    def recording(self):
+        saved = self.install()
+        try:
+            yield self
+        finally:
+            self.uninstall(saved)
+
+    def replay_seconds(self, times: int = 1) -> float:
+        """This thread's seconds to make every recorded call ``times`` over (the GC heap frozen,
+        as in the measured run)."""
+        calls = self.calls
+        freeze_gc_heap()
+        try:
             start = _clock()
-            try:
-                return fn(*args, **kwargs)
-            finally:
-                self.seconds += _clock() - start
+            for _ in range(times):
+                for fn, args, kwargs in calls:
+                    fn(*args, **kwargs)
+            return _clock() - start
+        finally:
+            gc.unfreeze()
 
-        return wrapper
+
+_ABSENT = object()
 
 
-class _TimedCallable:
-    def __init__(self, inner, clock: _HookClock) -> None:
+class _RecordedCallable:
+    """The code predictor, its calls recorded; its attributes (the runner asks whether it is
+    graph-wrapped) read through."""
+
+    def __init__(self, inner, calls: list) -> None:
         self._inner = inner
-        self._clock = clock
+        self._calls = calls
 
     def __call__(self, *args, **kwargs):
-        start = _clock()
-        try:
-            return self._inner(*args, **kwargs)
-        finally:
-            self._clock.seconds += _clock() - start
+        self._calls.append((self._inner, args, kwargs))
+        return self._inner(*args, **kwargs)
 
     def __getattr__(self, name):
         return getattr(self._inner, name)
@@ -237,28 +294,32 @@ def scenario(batch: int, steps: int, *, mixed: bool, seeded_share: float):
 @dataclass
 class _Prepared:
     runner: object
-    clock: _HookClock
+    recorder: HookRecorder | None
+    """Set (``record=True``): the model's hook calls are recorded, to be replayed."""
     outputs: list
     state: object
 
 
-def _prepare(cls, policy, extra, scen, plan, hooks: str = "trivial") -> _Prepared:
-    """A fresh runner after its prefill step, and the scheduler outputs of the measured steps."""
+def _prepare(cls, policy, extra, scen, plan, hooks: str = "trivial", *, record: bool = False) -> _Prepared:
+    """A fresh runner after its prefill step, and the scheduler outputs of the measured steps.
+    With ``record``, its hook calls in the measured steps are recorded (not timed)."""
     model = make_model(policy.flags, seed=0) if hooks == "dummy" else TrivialHooksModel(policy.flags, seed=0)
-    clock = _HookClock(model)
     runner = harness.build_runner(cls, model, policy, extra_patch_modules=extra)
     state = harness.RunState(scen, policy)
     sched = harness._apply_step(runner, state, plan[0])
     runner._preprocess(sched, plan[0].num_input_tokens)
     outputs = [(s, scen.scheduler_output(s, state.sampling_params)) for s in plan[1:]]
-    return _Prepared(runner, clock, outputs, state)
+    recorder = None
+    if record:
+        recorder = HookRecorder(model, runner)
+        recorder.install()
+    return _Prepared(runner, recorder, outputs, state)
 
 
-def _drive(prep: _Prepared, profiler: cProfile.Profile | None = None) -> tuple[float, float]:
-    """``(seconds in _preprocess, seconds of it inside hooks)`` over the prepared steps
-    (``profiler``: enabled around each ``_preprocess`` only)."""
-    runner, clock = prep.runner, prep.clock
-    clock.seconds = 0.0
+def _drive(prep: _Prepared, profiler: cProfile.Profile | None = None) -> float:
+    """Seconds in ``_preprocess`` over the prepared steps, hooks included (``profiler``: enabled
+    around each ``_preprocess`` only)."""
+    runner = prep.runner
     total = 0.0
     # vLLM's engine core and worker freeze the heap after warm-up (vllm.utils.gc_utils), so a
     # step's collections do not scan the static objects; serving is measured the same way.
@@ -275,7 +336,15 @@ def _drive(prep: _Prepared, profiler: cProfile.Profile | None = None) -> tuple[f
                 profiler.disable()
     finally:
         gc.unfreeze()
-    return total, clock.seconds
+    return total
+
+
+def _recorded_hooks(cls, policy, extra, scen, plan, hooks: str) -> HookRecorder:
+    """The hook calls a runner makes in the measured steps, recorded on a run of its own."""
+    prep = _prepare(cls, policy, extra, scen, plan, hooks, record=True)
+    _drive(prep)
+    assert prep.recorder is not None
+    return prep.recorder
 
 
 class _NoJournal:
@@ -292,6 +361,11 @@ def _unchecked(_ids: object, out: object, *args: object, **kwargs: object) -> ob
     return out
 
 
+def _unchecked_mtp(_ids: object, out: tuple, *args: object) -> tuple:
+    ids, embeds, update = out
+    return (ids, embeds, update, *update.pop("mtp_inputs"))
+
+
 def _ablations() -> dict[str, tuple[str, list[tuple[object, str, object]]]]:
     """Each contract mechanism the hot path pays for: ``name -> (the clause, the replacements that
     switch it off)``. Diagnostics only: without one the runner is no longer the contract's."""
@@ -301,7 +375,11 @@ def _ablations() -> dict[str, tuple[str, list[tuple[object, str, object]]]]:
         "journal": ("issue 9: a failed step is undone (StepJournal)", [(phases, "StepJournal", _NoJournal)]),
         "checks": (
             "3.5: every hook result checked before a write",
-            [(phases, "row_output", _unchecked), (phases, "batch_output", _unchecked)],
+            [
+                (phases, "row_output", _unchecked),
+                (phases, "mtp_row_output", _unchecked_mtp),
+                (phases, "batch_output", _unchecked),
+            ],
         ),
         "merges": (
             "4.1: each row's update merged into its buffer (and its owned copies)",
@@ -407,13 +485,19 @@ def measure(
     samples: dict[str, list[tuple[float, float]]] = {name: [] for name, _, _ in sides}
     per = 1e6 / (steps * batch)
     with harness.harness_patches(extra):
+        # Each runner's hook calls, recorded once; in every repeat the steps run unwrapped and the
+        # recorded calls are replayed (an ablated omnigen makes omnigen's calls).
+        recorded = {
+            name: _recorded_hooks(cls, policy, extra, scen, plan, hooks) for name, cls, _ in sides[:2]
+        }
         for _ in range(repeats):
             for name, cls, ablation in sides:
                 saved = ablate(list(ablation))
                 try:
-                    total, inside = _drive(_prepare(cls, policy, extra, scen, plan, hooks))
+                    total = _drive(_prepare(cls, policy, extra, scen, plan, hooks))
                 finally:
                     restore(saved)
+                inside = recorded["oracle" if name == "oracle" else "omnigen"].replay_seconds()
                 samples[name].append(((total - inside) * per, inside * per))
     result: dict[str, float] = {}
     for name, values in samples.items():
