@@ -523,7 +523,11 @@ def omnigen_generators(step: Step) -> None:
 def omnigen_row_checks(step: Step) -> None:
     mtp_width = step.runner.last_talker_hidden.gpu.shape[1]
     for req_id, out in zip(step.req_ids, step.row_results, strict=True):
-        phases.row_output(req_id, out, 1, step.width, mtp_width)
+        ids, embeds, update, last_hidden, text_step = phases.mtp_row_output(
+            req_id, out, step.width, mtp_width
+        )
+        # It takes the MTP inputs out of the update, as the runner does; the step is used again.
+        update["mtp_inputs"] = (last_hidden, text_step)
 
 
 def omnigen_mtp_gather(step: Step) -> None:
@@ -547,7 +551,7 @@ OMNIGEN_CODE: dict[str, tuple[tuple[str, ...], Callable[[Step], Any]]] = {
     "merges with their owned copies": (("merges", "owned_copies"), omnigen_merges),
     "owned_code_rows + store_code_rows": (("code_rows",), omnigen_code_rows),
     "row_generators (every row: unseeded ones too)": (("generators",), omnigen_generators),
-    "row_output": (("row_checks",), omnigen_row_checks),
+    "mtp_row_output": (("row_checks",), omnigen_row_checks),
     "flat_ids + stack_rows": (("mtp_gather",), omnigen_mtp_gather),
 }
 """omnigen's code for the work of some floors (``label -> (those floors, the code)``)."""

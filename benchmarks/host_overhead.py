@@ -12,6 +12,7 @@ Medians over repeats; the ratios are the result (the machine is shared).
     .venv/bin/python benchmarks/host_overhead.py --short         # the CI figure (scripts/test)
     .venv/bin/python benchmarks/host_overhead.py --profile tts_mtp --batch 256   # cProfile, by function
     .venv/bin/python benchmarks/host_overhead.py --clauses --batch 256 --repeats 5   # each contract mechanism's cost
+    .venv/bin/python benchmarks/host_overhead.py --hook-timing-check --batch 256 --repeats 7   # replayed vs per-call hook timing
 
 Cells (``CELLS``): batched decode + MTP (qwen3_tts, unseeded and every row seeded), plain
 batched decode (the 3-tuple hook, on the Higgs talker as the differential tests run it),
@@ -168,7 +169,7 @@ class HookRecorder:
                 setattr(self.model, name, self._recorded(hook))
         predictor = getattr(self.model, "talker_mtp", None)
         if predictor is not None:
-            wrapped = _RecordedCallable(predictor, self.calls)
+            wrapped = _WrappedPredictor(predictor, self._recorded(predictor))
             for owner in (self.model, self.runner):
                 if owner is not None and hasattr(owner, "talker_mtp"):
                     saved.append((owner, "talker_mtp", owner.__dict__.get("talker_mtp", _ABSENT)))
@@ -209,20 +210,38 @@ class HookRecorder:
 _ABSENT = object()
 
 
-class _RecordedCallable:
-    """The code predictor, its calls recorded; its attributes (the runner asks whether it is
-    graph-wrapped) read through."""
+class _WrappedPredictor:
+    """The code predictor called through ``call`` (its recording or timing wrapper); its
+    attributes (the runner asks whether it is graph-wrapped) read through."""
 
-    def __init__(self, inner, calls: list) -> None:
+    def __init__(self, inner, call) -> None:
         self._inner = inner
-        self._calls = calls
+        self._call = call
 
     def __call__(self, *args, **kwargs):
-        self._calls.append((self._inner, args, kwargs))
-        return self._inner(*args, **kwargs)
+        return self._call(*args, **kwargs)
 
     def __getattr__(self, name):
         return getattr(self._inner, name)
+
+
+class PerCallClock(HookRecorder):
+    """Diagnostics (``--hook-timing-check``): the hooks timed as this benchmark timed them before
+    it replayed them, a clock read around each call inside the measured run (``seconds``)."""
+
+    def __init__(self, model, runner=None) -> None:
+        super().__init__(model, runner)
+        self.seconds = 0.0
+
+    def _recorded(self, fn):
+        def timed(*args, **kwargs):
+            start = _clock()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                self.seconds += _clock() - start
+
+        return timed
 
 
 def _seeded(row: int, share: float) -> bool:
@@ -295,14 +314,16 @@ def scenario(batch: int, steps: int, *, mixed: bool, seeded_share: float):
 class _Prepared:
     runner: object
     recorder: HookRecorder | None
-    """Set (``record=True``): the model's hook calls are recorded, to be replayed."""
+    """Set (``wrap``): the model's hooks are wrapped by it (recorded, to be replayed)."""
     outputs: list
     state: object
 
 
-def _prepare(cls, policy, extra, scen, plan, hooks: str = "trivial", *, record: bool = False) -> _Prepared:
+def _prepare(
+    cls, policy, extra, scen, plan, hooks: str = "trivial", *, wrap: type[HookRecorder] | None = None
+) -> _Prepared:
     """A fresh runner after its prefill step, and the scheduler outputs of the measured steps.
-    With ``record``, its hook calls in the measured steps are recorded (not timed)."""
+    With ``wrap`` (``HookRecorder``), its hook calls in the measured steps are recorded."""
     model = make_model(policy.flags, seed=0) if hooks == "dummy" else TrivialHooksModel(policy.flags, seed=0)
     runner = harness.build_runner(cls, model, policy, extra_patch_modules=extra)
     state = harness.RunState(scen, policy)
@@ -310,8 +331,8 @@ def _prepare(cls, policy, extra, scen, plan, hooks: str = "trivial", *, record: 
     runner._preprocess(sched, plan[0].num_input_tokens)
     outputs = [(s, scen.scheduler_output(s, state.sampling_params)) for s in plan[1:]]
     recorder = None
-    if record:
-        recorder = HookRecorder(model, runner)
+    if wrap is not None:
+        recorder = wrap(model, runner)
         recorder.install()
     return _Prepared(runner, recorder, outputs, state)
 
@@ -341,7 +362,7 @@ def _drive(prep: _Prepared, profiler: cProfile.Profile | None = None) -> float:
 
 def _recorded_hooks(cls, policy, extra, scen, plan, hooks: str) -> HookRecorder:
     """The hook calls a runner makes in the measured steps, recorded on a run of its own."""
-    prep = _prepare(cls, policy, extra, scen, plan, hooks, record=True)
+    prep = _prepare(cls, policy, extra, scen, plan, hooks, wrap=HookRecorder)
     _drive(prep)
     assert prep.recorder is not None
     return prep.recorder
@@ -507,6 +528,59 @@ def measure(
     return result
 
 
+def hook_timing_check(cells: list[str], batch: int, steps: int, repeats: int, min_rows: int) -> None:
+    """Diagnostics: each runner's figure with its hooks timed as ``measure`` times them (the steps
+    unwrapped, the recorded calls replayed) and with a clock read around each call inside the
+    measured steps (``PerCallClock``, as before), and unwrapped steps' totals, hooks included;
+    all interleaved in every repeat, medians. Shows what the per-call clock adds to each runner."""
+    print(
+        f"{'cell':42} {'runner':9} {'unwrapped':>9} {'replay':>7} {'figure':>7} "
+        f"{'per-call':>8} {'inside':>7} {'figure':>7}   µs/request/step at B={batch}, decode",
+        flush=True,
+    )
+    for key in cells:
+        cell = CELLS[key]
+        cell_steps = steps_for(batch, steps, min_rows)
+        _room(batch, False)
+        policy, ours, oracle, extra = _classes(cell)
+        scen, plan = scenario(batch, cell_steps, mixed=False, seeded_share=cell.seeded_share)
+        per = 1e6 / (cell_steps * batch)
+        found: dict[str, list[tuple[float, float, float, float]]] = {"vllm-omni": [], "omnigen": []}
+        with harness.harness_patches(extra):
+            runners = {"vllm-omni": oracle, "omnigen": ours}
+            recorded = {
+                name: _recorded_hooks(cls, policy, extra, scen, plan, "trivial")
+                for name, cls in runners.items()
+            }
+            for _ in range(repeats):
+                for name, cls in runners.items():
+                    total = _drive(_prepare(cls, policy, extra, scen, plan))
+                    replay = recorded[name].replay_seconds()
+                    prep = _prepare(cls, policy, extra, scen, plan, wrap=PerCallClock)
+                    wrapped = _drive(prep)
+                    found[name].append(
+                        (total * per, replay * per, wrapped * per, prep.recorder.seconds * per)
+                    )
+        figures = {}
+        for name, samples in found.items():
+            total, replay, wrapped, inside = (statistics.median(s[i] for s in samples) for i in range(4))
+            figures[name] = (total - replay, wrapped - inside)
+            print(
+                f"{cell.label:42} {name:9} {total:>9.2f} {replay:>7.2f} {total - replay:>7.2f} "
+                f"{wrapped:>8.2f} {inside:>7.2f} {wrapped - inside:>7.2f}",
+                flush=True,
+            )
+        (ours_replay, ours_per_call), (theirs_replay, theirs_per_call) = (
+            figures["omnigen"],
+            figures["vllm-omni"],
+        )
+        print(
+            f"{'':42} ratio: {ours_replay / theirs_replay:.3f} hooks replayed, "
+            f"{ours_per_call / theirs_per_call:.3f} hooks timed per call",
+            flush=True,
+        )
+
+
 def profile(
     cell: Cell,
     batch: int,
@@ -612,8 +686,15 @@ def main() -> None:
         "--clauses", action="store_true",
         help="what each contract mechanism costs: the cells at the first --batch without each in turn",
     )  # fmt: skip
+    parser.add_argument(
+        "--hook-timing-check", action="store_true",
+        help="diagnostics: the cells at the first --batch with hooks replayed (as measured) and timed per call (as before)",
+    )  # fmt: skip
     args = parser.parse_args()
     ablate(args.ablate)
+    if args.hook_timing_check:
+        hook_timing_check(args.cells, args.batch[0], args.steps, args.repeats, args.min_rows)
+        return
     if args.clauses:
         clause_costs(args.cells, args.batch[0], args.steps, args.repeats, args.min_rows)
         return
