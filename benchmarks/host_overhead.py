@@ -137,12 +137,11 @@ class HookRecorder:
     their time is measured apart, by replaying them (``replay_seconds``), and the measured run
     calls them unwrapped.
 
-    A clock read around each call inside the measured run would cost the code around it more
-    than the read itself: timed so with ``time.thread_time`` (a system call), omnigen's per-row
-    talker step at B = 256 took 2.1 µs a request more than unwrapped and vllm-omni's 1.0 µs more
-    (with ``time.perf_counter``, no system call: 0.3 and 0.0), so the runners were charged for
-    the instrument, and unevenly. A replay times the same calls, with the same arguments, in one
-    clock reading."""
+    A clock read around each call inside the measured run charges the runner around it for the
+    instrument: with ``time.thread_time`` (a system call) the per-row cells at B = 256 cost each
+    runner 1-8 µs a request more than unwrapped, by amounts that differ between the runners and
+    between runs (``--hook-timing-check``). A replay times the same calls, with the same
+    arguments, in one clock reading."""
 
     def __init__(self, model, runner=None) -> None:
         self.model = model
