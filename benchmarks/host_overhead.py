@@ -148,7 +148,8 @@ class HookRecorder:
         self.runner = runner
         self.calls: list[tuple[object, tuple, dict]] = []
 
-    def _recorded(self, fn):
+    def _wrap(self, fn):
+        """``fn``, its calls recorded."""
         keep = self.calls.append
 
         def recorded(*args, **kwargs):
@@ -165,10 +166,10 @@ class HookRecorder:
             hook = getattr(self.model, name, None)
             if callable(hook):
                 saved.append((self.model, name, self.model.__dict__.get(name, _ABSENT)))
-                setattr(self.model, name, self._recorded(hook))
+                setattr(self.model, name, self._wrap(hook))
         predictor = getattr(self.model, "talker_mtp", None)
         if predictor is not None:
-            wrapped = _WrappedPredictor(predictor, self._recorded(predictor))
+            wrapped = _WrappedPredictor(predictor, self._wrap(predictor))
             for owner in (self.model, self.runner):
                 if owner is not None and hasattr(owner, "talker_mtp"):
                     saved.append((owner, "talker_mtp", owner.__dict__.get("talker_mtp", _ABSENT)))
@@ -232,7 +233,9 @@ class PerCallClock(HookRecorder):
         super().__init__(model, runner)
         self.seconds = 0.0
 
-    def _recorded(self, fn):
+    def _wrap(self, fn):
+        """``fn``, its calls timed."""
+
         def timed(*args, **kwargs):
             start = _clock()
             try:
