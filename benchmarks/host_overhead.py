@@ -13,6 +13,7 @@ Medians over repeats; the ratios are the result (the machine is shared).
     .venv/bin/python benchmarks/host_overhead.py --profile tts_mtp --batch 256   # cProfile, by function
     .venv/bin/python benchmarks/host_overhead.py --clauses --batch 256 --repeats 5   # each contract mechanism's cost
     .venv/bin/python benchmarks/host_overhead.py --hook-timing-check --batch 256 --repeats 7   # replayed vs per-call hook timing
+    .venv/bin/python benchmarks/host_overhead.py --collections --batch 256   # garbage collections per runner
 
 Cells (``CELLS``): batched decode + MTP (qwen3_tts, unseeded and every row seeded), plain
 batched decode (the 3-tuple hook, on the Higgs talker as the differential tests run it),
@@ -583,6 +584,34 @@ def hook_timing_check(cells: list[str], batch: int, steps: int, repeats: int, mi
         )
 
 
+def collections(cells: list[str], batch: int, steps: int) -> None:
+    """Diagnostics: the garbage collections (young, middle, old generation) each runner's steps
+    set off, counted over the steps and the harness's work between them (so a collection a step
+    only put off is counted too), the GC heap frozen first as measured."""
+    print(f"{'cell':42} {'runner':9} collections over {steps} steps of B={batch} (gen 0, 1, 2)", flush=True)
+    for key in cells:
+        cell = CELLS[key]
+        _room(batch, False)
+        policy, ours, oracle, extra = _classes(cell)
+        scen, plan = scenario(batch, steps, mixed=False, seeded_share=cell.seeded_share)
+        with harness.harness_patches(extra):
+            for name, cls in (("vllm-omni", oracle), ("omnigen", ours)):
+                prep = _prepare(cls, policy, extra, scen, plan)
+                counts = [0, 0, 0]
+
+                def count(phase: str, info: dict, counts: list[int] = counts) -> None:
+                    if phase == "start":
+                        counts[info["generation"]] += 1
+
+                gc.callbacks.append(count)
+                try:
+                    _drive(prep)
+                finally:
+                    gc.callbacks.remove(count)
+                # _drive's freeze_gc_heap collects each generation once before the steps.
+                print(f"{cell.label:42} {name:9} {tuple(n - 1 for n in counts)}", flush=True)
+
+
 def profile(
     cell: Cell,
     batch: int,
@@ -692,8 +721,15 @@ def main() -> None:
         "--hook-timing-check", action="store_true",
         help="diagnostics: the cells at the first --batch with hooks replayed (as measured) and timed per call (as before)",
     )  # fmt: skip
+    parser.add_argument(
+        "--collections", action="store_true",
+        help="diagnostics: the garbage collections each runner's steps set off, at the first --batch",
+    )  # fmt: skip
     args = parser.parse_args()
     ablate(args.ablate)
+    if args.collections:
+        collections(args.cells, args.batch[0], args.steps)
+        return
     if args.hook_timing_check:
         hook_timing_check(args.cells, args.batch[0], args.steps, args.repeats, args.min_rows)
         return

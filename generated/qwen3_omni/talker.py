@@ -169,15 +169,17 @@ class Qwen3OmniTalkerRunner(OmniRunnerBase, vllm_api.GPUModelRunner):
         )
         if rows.num_rows == 0:
             return
-        # A raising hook or a bad hook output leaves every buffer, mirror and input as it was.
-        # (The four MTP buffers are not kept: every hook has run and been checked before the MTP
-        # rows are staged in them, and they carry nothing from one step to the next.)
-        journal = phases.StepJournal(self, rows.req_ids, input_ids, inputs_embeds)
-        try:
-            self._hook_rows(rows, input_ids, inputs_embeds)
-        except BaseException:
-            journal.undo()
-            raise
+        # The collector waits for the step's end: the step keeps what its rows make alive until then.
+        with phases.CollectionDeferred():
+            # A raising hook or a bad hook output leaves every buffer, mirror and input as it was.
+            # (The four MTP buffers are not kept: every hook has run and been checked before the MTP
+            # rows are staged in them, and they carry nothing from one step to the next.)
+            journal = phases.StepJournal(self, rows.req_ids, input_ids, inputs_embeds)
+            try:
+                self._hook_rows(rows, input_ids, inputs_embeds)
+            except BaseException:
+                journal.undo()
+                raise
 
     def _hook_rows(self, rows: Any, input_ids: torch.Tensor, inputs_embeds: torch.Tensor) -> None:
         """Each row through the model's hooks, in batch order (3.1-3.5)."""
