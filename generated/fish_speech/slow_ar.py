@@ -10,6 +10,7 @@ Serve: vllm serve MODEL_PATH --worker-cls omnigen.generated.fish_speech.slow_ar.
 
 from __future__ import annotations
 
+import gc
 from typing import Any
 
 import numpy as np
@@ -164,8 +165,13 @@ class FishSpeechSlowArRunner(OmniRunnerBase, vllm_api.GPUModelRunner):
         )
         if rows.num_rows == 0:
             return
-        # The collector waits for the step's end: the step keeps what its rows make alive until then.
-        with phases.CollectionDeferred():
+        # The garbage collector waits for the step's end: the step keeps what its rows make (buffer
+        # copies, slices, hook results) alive until then and frees or stores all of it as it
+        # returns, so a collection inside it would scan all of it for nothing. One that was off
+        # stays off (no shared state: runners on other threads put back what they found).
+        collecting = gc.isenabled()
+        gc.disable()
+        try:
             # A raising hook or a bad hook output leaves every buffer, mirror and input as it was.
             # (The four MTP buffers are not kept: every hook has run and been checked before the MTP
             # rows are staged in them, and they carry nothing from one step to the next.)
@@ -175,6 +181,9 @@ class FishSpeechSlowArRunner(OmniRunnerBase, vllm_api.GPUModelRunner):
             except BaseException:
                 journal.undo()
                 raise
+        finally:
+            if collecting:
+                gc.enable()
 
     def _hook_rows(self, rows: Any, input_ids: torch.Tensor, inputs_embeds: torch.Tensor) -> None:
         """Each row through the model's hooks, in batch order (3.1-3.5)."""

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import collections
 import contextlib
-import gc
 import itertools
 import operator
 from collections.abc import Sequence
@@ -561,28 +560,6 @@ class StepJournal:
         generators.clear()
         if self._generators:
             generators.update(self._generators)
-
-
-class CollectionDeferred:
-    """A step's preprocessing with the garbage collector held off until it ends (``with``).
-
-    The step keeps every row's buffer copies, slices and hook results alive to its end (they are
-    gathered and written once, not row by row), so at 256 rows its young objects cross the
-    collector's threshold two or three times a step and each collection scans them all, though
-    the step frees or stores every one of them when it returns (the Qwen3-Omni talker: 112 young
-    and 10 older collections in 40 steps, against 1 with the collector held off, counted over
-    the steps and what followed them). A collector that was off stays off; one object per step,
-    no shared state, so runners on several threads each put back what they found."""
-
-    __slots__ = ("_resume",)
-
-    def __enter__(self) -> None:
-        self._resume = gc.isenabled()
-        gc.disable()
-
-    def __exit__(self, *exc: object) -> None:
-        if self._resume:
-            gc.enable()
 
 
 def note_hook_failure(exc: BaseException, hook: str, req_ids: list[str]) -> None:

@@ -1,6 +1,6 @@
-"""A step's preprocessing holds the garbage collector off until the step ends, and puts it back
-as it found it, when a hook raises too (``phases.CollectionDeferred``): the step keeps what its
-rows make alive to its end, so collections inside it would scan all of it for nothing."""
+"""A step's preprocessing (the generated ``_preprocess_rows``) holds the garbage collector off
+until the step ends, and puts it back as it found it, when a hook raises too: the step keeps what
+its rows make alive to its end, so collections inside it would scan all of it for nothing."""
 
 from __future__ import annotations
 
