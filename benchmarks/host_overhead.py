@@ -418,6 +418,8 @@ def _ablations() -> dict[str, tuple[str, list[tuple[object, str, object]]]]:
             [(mtp, "store_code_rows", lambda *a: None), (mtp, "row_views", lambda tensor: ())],
         ),
         "generators": ("2.3: each MTP row's seeded generator looked up (seeded rows: and the one-call-per-row fallback)", [(mtp, "row_generators", lambda cache, requests, req_ids, device: [None] * len(req_ids))]),
+        # Not a clause: what holding the collector off for the step saves (a negative cost).
+        "collector_hold": ("not a clause: the garbage collector held off for the step (gc.disable a no-op)", [(gc, "disable", lambda: None)]),
     }  # fmt: skip
 
 
