@@ -390,6 +390,10 @@ def _unchecked_mtp(_ids: object, out: tuple, *args: object) -> tuple:
     return (ids, embeds, update, *update.pop("mtp_inputs"))
 
 
+NOT_CLAUSES = ("collector_hold",)
+"""Entries of ``_ablations()`` that switch off an optimization, not a clause: ``all`` keeps them."""
+
+
 def _ablations() -> dict[str, tuple[str, list[tuple[object, str, object]]]]:
     """Each contract mechanism the hot path pays for: ``name -> (the clause, the replacements that
     switch it off)``. Diagnostics only: without one the runner is no longer the contract's."""
@@ -447,7 +451,7 @@ def clause_costs(cells: list[str], batch: int, steps: int, repeats: int, min_row
     interleaved; costs = as generated - without (medians), also as a share of vllm-omni's time."""
     names = [*_ablations(), "all"]
     print(
-        f"{'cell':42} {'without':13} {'omnigen':>8} {'ratio':>6} {'costs':>7} {'of oracle':>9}   "
+        f"{'cell':42} {'without':15} {'omnigen':>8} {'ratio':>6} {'costs':>7} {'of oracle':>9}   "
         f"µs/request/step at B={batch}, decode",
         flush=True,
     )
@@ -456,19 +460,20 @@ def clause_costs(cells: list[str], batch: int, steps: int, repeats: int, min_row
         r = measure(cell, batch, steps_for(batch, steps, min_rows), repeats, without=tuple(names))
         oracle = r["oracle_us"]
         print(
-            f"{cell.label:42} {'(nothing)':13} {r['omnigen_us']:>8.2f} {r['ratio']:>6.3f}   (vllm-omni {oracle:.2f})"
+            f"{cell.label:42} {'(nothing)':15} {r['omnigen_us']:>8.2f} {r['ratio']:>6.3f}   (vllm-omni {oracle:.2f})"
         )
         for name in names:
             us = r[f"without_{name}_us"]
             cost = r["omnigen_us"] - us
             print(
-                f"{cell.label:42} {name:13} {us:>8.2f} {us / oracle:>6.3f} {cost:>7.2f} {cost / oracle:>9.3f}",
+                f"{cell.label:42} {name:15} {us:>8.2f} {us / oracle:>6.3f} {cost:>7.2f} {cost / oracle:>9.3f}",
                 flush=True,
             )
     for name, (clause, _) in _ablations().items():
-        print(f"  {name:13} {clause}")
+        print(f"  {name:15} {clause}")
     print(
-        f"  {'all':13} every mechanism above at once: what omnigen costs without the contract's bookkeeping"
+        f"  {'all':15} every clause's mechanism above at once (not {', '.join(NOT_CLAUSES)}): "
+        "what omnigen costs without the contract's bookkeeping"
     )
 
 
@@ -506,7 +511,7 @@ def measure(
     policy, ours, oracle, extra = _classes(cell)
     scen, plan = scenario(batch, steps, mixed=mixed, seeded_share=cell.seeded_share)
     sides = [("oracle", oracle, ()), ("omnigen", ours, ())]
-    every = tuple(_ablations())
+    every = tuple(name for name in _ablations() if name not in NOT_CLAUSES)
     sides += [(f"without_{name}", ours, every if name == "all" else (name,)) for name in without]
     samples: dict[str, list[tuple[float, float]]] = {name: [] for name, _, _ in sides}
     per = 1e6 / (steps * batch)
