@@ -372,10 +372,11 @@ def _recorded_hooks(cls, policy, extra, scen, plan, hooks: str) -> HookRecorder:
 
 
 class _NoJournal:
-    """``--ablate journal``: a step journal that keeps nothing (what the all-or-nothing clause costs)."""
+    """``--ablate journal``: a step journal that keeps nothing (what the all-or-nothing clause
+    costs), only each row's request, which the step takes from it."""
 
-    def __init__(self, *args, **kwargs) -> None:
-        pass
+    def __init__(self, runner, req_ids, *inputs) -> None:
+        self.requests = list(map(runner.requests.get, req_ids))
 
     def undo(self) -> None:
         pass

@@ -119,7 +119,7 @@ class Minicpmo45TtsRunner(OmniRunnerBase, vllm_api.GPUModelRunner):
             # A raising hook or a bad hook output leaves every buffer, mirror and input as it was.
             journal = phases.StepJournal(self, rows.req_ids, input_ids, inputs_embeds)
             try:
-                self._hook_rows(rows, input_ids, inputs_embeds)
+                self._hook_rows(rows, input_ids, inputs_embeds, journal.requests)
             except BaseException:
                 journal.undo()
                 raise
@@ -127,15 +127,16 @@ class Minicpmo45TtsRunner(OmniRunnerBase, vllm_api.GPUModelRunner):
             if collecting:
                 gc.enable()
 
-    def _hook_rows(self, rows: Any, input_ids: torch.Tensor, inputs_embeds: torch.Tensor) -> None:
+    def _hook_rows(
+        self, rows: Any, input_ids: torch.Tensor, inputs_embeds: torch.Tensor, requests: list[Any]
+    ) -> None:
         """Each row through the model's hooks, in batch order (3.1-3.5)."""
         num_tokens = int(input_ids.shape[0])
         # Every row's tokens lie within the step, or no hook runs (3.5).
         phases.check_row_bounds(rows, num_tokens)
-        # Each row's buffer with its runner keys (3.1), and its request (None: unknown; nothing is
-        # merged into its buffer, 4.1).
+        # Each row's buffer with its runner keys (3.1). (Its request, in ``requests``, is None where
+        # unknown: nothing is merged into that row's buffer, 4.1.)
         row_buffers = phases.stamp_rows(self, rows)
-        requests = list(map(self.requests.get, rows.req_ids))
         preprocess = self.model.preprocess
         width = inputs_embeds.shape[1]
         # Each row's update merges into its buffer as it comes (4.1), but a GPU-resident key's

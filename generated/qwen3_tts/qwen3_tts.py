@@ -179,7 +179,7 @@ class Qwen3TtsRunner(OmniRunnerBase, vllm_api.GPUModelRunner):
             # rows are staged in them, and they carry nothing from one step to the next.)
             journal = phases.StepJournal(self, rows.req_ids, input_ids, inputs_embeds)
             try:
-                self._hook_rows(rows, input_ids, inputs_embeds)
+                self._hook_rows(rows, input_ids, inputs_embeds, journal.requests)
             except BaseException:
                 journal.undo()
                 raise
@@ -187,7 +187,9 @@ class Qwen3TtsRunner(OmniRunnerBase, vllm_api.GPUModelRunner):
             if collecting:
                 gc.enable()
 
-    def _hook_rows(self, rows: Any, input_ids: torch.Tensor, inputs_embeds: torch.Tensor) -> None:
+    def _hook_rows(
+        self, rows: Any, input_ids: torch.Tensor, inputs_embeds: torch.Tensor, requests: list[Any]
+    ) -> None:
         """Each row through the model's hooks, in batch order (3.1-3.5)."""
         num_tokens = int(input_ids.shape[0])
         # preprocess.decode_batch=mtp: adjacent single-token decode rows share one hook call
@@ -208,10 +210,9 @@ class Qwen3TtsRunner(OmniRunnerBase, vllm_api.GPUModelRunner):
         except Exception as exc:
             phases.note_hook_failure(exc, "preprocess_batch", rows.req_ids)
             raise
-        # Each row's buffer with its runner keys (3.1), and its request (None: unknown; nothing is
-        # merged into its buffer, 4.1).
+        # Each row's buffer with its runner keys (3.1). (Its request, in ``requests``, is None where
+        # unknown: nothing is merged into that row's buffer, 4.1.)
         row_buffers = phases.stamp_rows(self, rows)
-        requests = list(map(self.requests.get, rows.req_ids))
         preprocess = self.model.preprocess
         width = inputs_embeds.shape[1]
         # Each row's update merges into its buffer as it comes (4.1), but a GPU-resident key's
@@ -219,8 +220,6 @@ class Qwen3TtsRunner(OmniRunnerBase, vllm_api.GPUModelRunner):
         gpu_keys = self.GPU_RESIDENT_KEYS
         deferred: buffers.DeferredCopies = {}
         mtp_width = self.last_talker_hidden.gpu.shape[1]
-        mtp_req_ids: list[str] = []
-        mtp_offsets: list[int] = []
         mtp_ids: list[torch.Tensor] = []
         mtp_embeds: list[torch.Tensor] = []
         mtp_hidden: list[torch.Tensor] = []
@@ -279,8 +278,6 @@ class Qwen3TtsRunner(OmniRunnerBase, vllm_api.GPUModelRunner):
             mtp_embeds.append(embeds_out)
             mtp_hidden.append(last_hidden)
             mtp_text.append(text_step)
-            mtp_req_ids.extend(req_ids)
-            mtp_offsets.extend(offsets)
             phases.merge_batch_updates(
                 row_buffers[first:last], requests[first:last], updates, gpu_keys, deferred
             )
@@ -288,9 +285,11 @@ class Qwen3TtsRunner(OmniRunnerBase, vllm_api.GPUModelRunner):
         # key for the step: they are read after the loop (as the MTP inputs are), so a hook must
         # not rewrite within the step a GPU-resident tensor it returned.
         buffers.store_owned_copies(deferred)
-        if mtp_req_ids:
-            # The MTP rows run once, after every row's hook, in row order (3.4): their inputs are
-            # staged in the first rows of the four buffers, one copy each.
+        if mtp_ids:
+            # The MTP rows (the single-token decode rows, 3.2) run once, after every row's hook, in
+            # row order (3.4): their inputs are staged in the first rows of the four buffers, one
+            # copy each.
+            mtp_req_ids, mtp_offsets = phases.single_decode_rows(rows)
             ids_slots, embeds_slots, hidden_slots, text_slots = mtp.leading_rows(self, len(mtp_req_ids))
             ids = mtp.flat_ids(mtp_ids)
             ids_slots.copy_(ids)

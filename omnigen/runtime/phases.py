@@ -237,6 +237,15 @@ def stamp_rows(runner: Any, rows: RowPhases) -> list[dict[str, Any]]:
     return row_buffers
 
 
+def single_decode_rows(rows: RowPhases) -> tuple[list[str], list[int]]:
+    """The request ids and starts of the step's single-token decode rows, in row order: the rows
+    a talker MTP takes (3.2)."""
+    return (
+        list(itertools.compress(rows.req_ids, rows.single_decode)),
+        list(itertools.compress(rows.starts, rows.single_decode)),
+    )
+
+
 def segments(batchable: list[bool]) -> list[tuple[int, int, bool]]:
     """Split rows into ``(start, end, is_batch)`` segments in row order.
 
@@ -519,9 +528,10 @@ class StepJournal:
         self._generators = dict(generators) if generators else None
         self._req_ids = req_ids
         # Each row's buffer object (None: dropped again), in case a hook replaced it in the map,
-        # and each row's request with its mirror as it was (_ABSENT: none).
+        # and each row's request (None: unknown; the step's rows use this list too) with its
+        # mirror as it was (_ABSENT: none).
         self._buffers = row_buffers = list(map(runner.model_intermediate_buffer.get, req_ids))
-        self._requests = requests = list(map(runner.requests.get, req_ids))
+        self.requests = requests = list(map(runner.requests.get, req_ids))
         self._mirrors = list(map(getattr, requests, itertools.repeat(MIRROR), itertools.repeat(_ABSENT)))
         # Every existing buffer and every dict inside one, and a copy of each.
         saved: list[dict[str, Any]] = []
@@ -543,7 +553,7 @@ class StepJournal:
                 buffers.pop(req_id, None)
             else:
                 buffers[req_id] = buffer
-        for request, mirror in zip(self._requests, self._mirrors, strict=True):
+        for request, mirror in zip(self.requests, self._mirrors, strict=True):
             if request is None:
                 continue
             if mirror is _ABSENT:

@@ -78,3 +78,17 @@ def test_the_one_row_read_agrees_with_the_vector_read(row):
     assert one == phases._read_rows_vectorized(step[0].req_ids, *step)
     assert all(type(value) is int for value in (*one.starts, *one.ends, *one.prompt_lens, *one.computed))
     assert all(type(value) is bool for value in one.is_prefill)
+
+
+@settings(max_examples=100, deadline=None)
+@given(rows=st.lists(ROW, min_size=1, max_size=40))
+def test_the_mtp_rows_are_the_single_token_decode_rows_in_row_order(rows):
+    laid_out = _sorted_step(rows)
+    req_ids, starts = phases.single_decode_rows(phases.read_row_phases(*_step(laid_out)))
+    # 3.2: span 1 and computed >= prompt length.
+    expected = [
+        (f"r{row}", start)
+        for row, (start, span, prompt_len, computed) in enumerate(laid_out)
+        if span == 1 and computed >= prompt_len
+    ]
+    assert list(zip(req_ids, starts, strict=True)) == expected
