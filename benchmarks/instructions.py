@@ -12,6 +12,7 @@ of the targets; this one compares code.
     .venv/bin/python benchmarks/instructions.py --batch 1 256 --cells plain
     .venv/bin/python benchmarks/instructions.py --cells omni_talker \\
         --parts phases.StepJournal phases.row_output phases.merge_batch_updates
+    .venv/bin/python benchmarks/instructions.py --floors           # also floors.py's floors, counted
 
 It runs itself under ``valgrind --tool=callgrind`` (Debian's ``valgrind``; a five-line helper is
 compiled against its ``valgrind/callgrind.h`` with ``cc``), instrumenting only the counted steps
@@ -24,6 +25,12 @@ first less the second. A part (``--parts``, a function or method by its path; ``
 ``omnigen.runtime.phases.X``) is counted alone the same way, collection on only inside it. Each
 counted call also counts part of the switching on and off; what that costs per call is measured
 on an empty function and taken off.
+
+``--floors`` also counts ``benchmarks/floors.py``'s floors of each batched cell, its whole step's
+floor and omnigen's code for the same work, each alone on the cell's steady step (one that calls
+the model less the model's own calls, as a runner), and sets the floors against each cell's
+budget (its ratio target, set at B = 256, times vllm-omni's count): the timed floors' verdicts,
+without the noise of a shared machine.
 """
 
 from __future__ import annotations
@@ -154,12 +161,43 @@ def report(results: list[dict[str, Any]]) -> None:
     from benchmarks.host_overhead import CELLS
 
     oracle = {(r["cell"], r["batch"]): r["per_request"] for r in results if r["side"] == "vllm-omni"}
-    print(f"{'cell':42} {'B':>4} {'runner / part':34} {'instr/request':>13} {'of vllm-omni':>12}")
-    for r in results:
-        name = r["part"] or r["side"]
+    names = [_name(r) for r in results]
+    width = max(34, *map(len, names))
+    print(f"{'cell':42} {'B':>4} {'runner / part':{width}} {'instr/request':>13} {'of vllm-omni':>12}")
+    for r, name in zip(results, names, strict=True):
         share = r["per_request"] / oracle[r["cell"], r["batch"]]
         print(
-            f"{CELLS[r['cell']].label:42} {r['batch']:>4} {name:34} {r['per_request']:>13,.0f} {share:>12.3f}"
+            f"{CELLS[r['cell']].label:42} {r['batch']:>4} {name:{width}} {r['per_request']:>13,.0f} {share:>12.3f}"
+        )
+    _report_budgets(results, oracle)
+
+
+def _name(row: dict[str, Any]) -> str:
+    if row["side"] in ("floor", "omnigen code"):
+        return f"{row['side']}: {row['part']}"
+    return row["part"] or row["side"]
+
+
+def _report_budgets(results: list[dict[str, Any]], oracle: dict[tuple[str, int], float]) -> None:
+    """With ``--floors``: each cell's floors, summed and as its whole step's, against its budget
+    (target x vllm-omni), in instructions a request."""
+    from benchmarks.floors import TARGETS
+
+    sums: dict[tuple[str, int], float] = {}
+    whole: dict[tuple[str, int], float] = {}
+    for r in results:
+        if r["side"] == "floor":
+            at = (r["cell"], r["batch"])
+            if r["part"] == WHOLE_STEP:
+                whole[at] = r["per_request"]
+            else:
+                sums[at] = sums.get(at, 0.0) + r["per_request"]
+    for (cell, batch), total in sums.items():
+        budget = TARGETS[cell] * oracle[cell, batch]
+        print(
+            f"{cell} B={batch}: budget {budget:,.0f} instructions a request ({TARGETS[cell]} x vllm-omni's); "
+            f"the floors sum to {total:,.0f} ({total / budget:.2f}x), the whole step's floor "
+            f"{whole[cell, batch]:,.0f} ({whole[cell, batch] / budget:.2f}x)"
         )
 
 
@@ -309,6 +347,73 @@ def measure(args: argparse.Namespace, cg: Callgrind) -> None:
                         gc.unfreeze()
                         if saved:
                             setattr(*saved)
+            if args.floors:
+                _measure_floors(args, cg, key, batch)
+
+
+def _measure_floors(args: argparse.Namespace, cg: Callgrind, key: str, batch: int) -> None:
+    """``benchmarks/floors.py``'s floors of ``key`` (and its whole step's) and omnigen's code for
+    the same work, each counted alone on the cell's steady step, as a part is. One that calls the
+    model (the hook calls, the whole step) is counted as a runner is: its whole calls less the
+    model's hook calls inside them, in a second pass."""
+    from benchmarks import floors
+
+    if key not in floors.CELL_FLOORS:
+        return
+    step = floors.steady_step(key, batch)
+    pieces = [("floor", name, floors.FLOORS[name][1]) for name in floors.CELL_FLOORS[key]]
+    pieces.append(("floor", WHOLE_STEP, floors.whole_step))
+    pieces += [("omnigen code", label, fn) for label, (_, fn) in floors.omnigen_code_for(key).items()]
+    for side, name, fn in pieces:
+        step.recorder.calls.clear()
+        with step.recorder.recording():
+            fn(step)
+        calls_model = bool(step.recorder.calls)
+        for _ in range(args.warm):
+            fn(step)
+        for kind in ("total", "hooks") if calls_model else ("part",):
+            saved = _count_model_hooks(cg, step.model) if kind == "hooks" else []
+            call = cg.counted(fn) if kind == "part" else fn
+            gc.collect()
+            gc.freeze()
+            cg.start()
+            try:
+                cg.restart()
+                for _ in range(args.steps):
+                    if kind == "total":
+                        cg.toggle()
+                    call(step)
+                    if kind == "total":
+                        cg.toggle()
+                label = {"cell": key, "batch": batch, "side": side, "part": name, "steps": args.steps}
+                cg.dump(**{"pass": kind, **label})
+            finally:
+                cg.stop()
+                gc.unfreeze()
+                for owner, attr, original in saved:
+                    if original is _ABSENT:
+                        delattr(owner, attr)  # the class's method again
+                    else:
+                        setattr(owner, attr, original)
+
+
+WHOLE_STEP = "whole step (every clause, fewest passes)"
+
+
+def _count_model_hooks(cg: Callgrind, model: Any) -> list[tuple[Any, str, Any]]:
+    """Collection on inside ``model``'s hooks and code predictor; what to put back."""
+    from benchmarks.host_overhead import HOOKS
+
+    saved = []
+    for name in (*HOOKS, "talker_mtp"):
+        hook = model.__dict__.get(name) or getattr(model, name, None)
+        if callable(hook):
+            saved.append((model, name, model.__dict__.get(name, _ABSENT)))
+            setattr(model, name, cg.counted(hook))
+    return saved
+
+
+_ABSENT = object()
 
 
 def main() -> None:
@@ -327,6 +432,11 @@ def main() -> None:
         nargs="+",
         default=[],
         help="omnigen runtime functions to count alone, e.g. phases.row_output",
+    )
+    parser.add_argument(
+        "--floors",
+        action="store_true",
+        help="also count benchmarks/floors.py's floors and omnigen's code for the same work (batched cells)",
     )
     parser.add_argument("--json", type=Path, help="also write the figures to this file")
     args = parser.parse_args()
