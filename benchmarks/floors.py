@@ -502,7 +502,9 @@ def omnigen_merges(step: Step) -> None:
     deferred: buffers.DeferredCopies = {}
     if "row_hook_calls" in CELL_FLOORS[step.cell]:
         for buffer, request, update in zip(row_buffers, requests, step.updates, strict=True):
-            phases.merge_row_update(buffer, request, update, gpu_keys, deferred)
+            if request is not None and update:
+                buffers.merge_update(buffer, update, gpu_keys, deferred)
+                request.additional_information_cpu = buffer
     else:
         phases.merge_batch_updates(row_buffers, requests, step.updates, gpu_keys, deferred)
     buffers.store_owned_copies(deferred)
@@ -523,9 +525,7 @@ def omnigen_generators(step: Step) -> None:
 def omnigen_row_checks(step: Step) -> None:
     mtp_width = step.runner.last_talker_hidden.gpu.shape[1]
     for req_id, out in zip(step.req_ids, step.row_results, strict=True):
-        ids, embeds, update, last_hidden, text_step = phases.mtp_row_output(
-            req_id, out, step.width, mtp_width
-        )
+        update, (_, _, last_hidden, text_step) = phases.mtp_row_output(req_id, out, step.width, mtp_width)
         # It takes the MTP inputs out of the update, as the runner does; the step is used again.
         update["mtp_inputs"] = (last_hidden, text_step)
 

@@ -373,9 +373,10 @@ def _recorded_hooks(cls, policy, extra, scen, plan, hooks: str) -> HookRecorder:
 
 class _NoJournal:
     """``--ablate journal``: a step journal that keeps nothing (what the all-or-nothing clause
-    costs), only each row's request, which the step takes from it."""
+    costs), only each row's request and buffer, which the step takes from it."""
 
     def __init__(self, runner, req_ids, *inputs) -> None:
+        self.buffers = list(map(runner.model_intermediate_buffer.get, req_ids))
         self.requests = list(map(runner.requests.get, req_ids))
 
     def undo(self) -> None:
@@ -388,7 +389,7 @@ def _unchecked(_ids: object, out: object, *args: object, **kwargs: object) -> ob
 
 def _unchecked_mtp(_ids: object, out: tuple, *args: object) -> tuple:
     ids, embeds, update = out
-    return (ids, embeds, update, *update.pop("mtp_inputs"))
+    return update, (ids, embeds, *update.pop("mtp_inputs"))
 
 
 NOT_CLAUSES = ("collector_hold",)
@@ -412,7 +413,7 @@ def _ablations() -> dict[str, tuple[str, list[tuple[object, str, object]]]]:
         ),
         "merges": (
             "4.1: each row's update merged into its buffer (and its owned copies)",
-            [(phases, "merge_batch_updates", lambda *a: None), (phases, "merge_row_update", lambda *a: None), (base.OmniRunnerBase, "_update_intermediate_buffer", lambda self, req_id, update: None)],
+            [(phases, "merge_batch_updates", lambda *a: None), (buffers, "merge_update", lambda *a: None), (base.OmniRunnerBase, "_update_intermediate_buffer", lambda self, req_id, update: None)],
         ),
         "owned_copies": (
             "4.1 / buffers.gpu_resident: an owned device copy of each GPU-resident update",

@@ -119,7 +119,7 @@ class Indextts25Indextts25TalkerRunner(OmniRunnerBase, vllm_api.GPUModelRunner):
             # A raising hook or a bad hook output leaves every buffer, mirror and input as it was.
             journal = phases.StepJournal(self, rows.req_ids, input_ids, inputs_embeds)
             try:
-                self._hook_rows(rows, input_ids, inputs_embeds, journal.requests)
+                self._hook_rows(rows, input_ids, inputs_embeds, journal)
             except BaseException:
                 journal.undo()
                 raise
@@ -128,15 +128,17 @@ class Indextts25Indextts25TalkerRunner(OmniRunnerBase, vllm_api.GPUModelRunner):
                 gc.enable()
 
     def _hook_rows(
-        self, rows: Any, input_ids: torch.Tensor, inputs_embeds: torch.Tensor, requests: list[Any]
+        self, rows: Any, input_ids: torch.Tensor, inputs_embeds: torch.Tensor, journal: phases.StepJournal
     ) -> None:
-        """Each row through the model's hooks, in batch order (3.1-3.5)."""
+        """Each row through the model's hooks, in batch order (3.1-3.5). The step's ``journal`` has
+        each row's request and buffer as the step found them."""
         num_tokens = int(input_ids.shape[0])
         # Every row's tokens lie within the step, or no hook runs (3.5).
         phases.check_row_bounds(rows, num_tokens)
         # Each row's buffer with its runner keys (3.1). (Its request, in ``requests``, is None where
         # unknown: nothing is merged into that row's buffer, 4.1.)
-        row_buffers = phases.stamp_rows(self, rows)
+        row_buffers = phases.stamp_rows(self, rows, journal.buffers)
+        requests = journal.requests
         preprocess = self.model.preprocess
         width = inputs_embeds.shape[1]
         # Each row's update merges into its buffer as it comes (4.1), but a GPU-resident key's
@@ -163,7 +165,11 @@ class Indextts25Indextts25TalkerRunner(OmniRunnerBase, vllm_api.GPUModelRunner):
                 raise
             # The result is checked (arity, count, width, dtype, types) before anything is written (3.5).
             ids_out, embeds_out, update = phases.row_output(req_id, out, end - start, width)
-            phases.merge_row_update(buffer, request, update, gpu_keys, deferred)
+            # The row's update merges into its buffer, which its request mirrors (4.1: nothing for an empty
+            # update or an unknown request, None).
+            if request is not None and update:
+                buffers.merge_update(buffer, update, gpu_keys, deferred)
+                request.additional_information_cpu = buffer
             phases.write_into(row_embeds, embeds_out)
             if ids_out is not None:
                 phases.write_into(row_ids, ids_out)

@@ -174,7 +174,7 @@ class OmnigenTinyTalkerRunner(OmniRunnerBase, vllm_api.GPUModelRunner):
             # rows are staged in them, and they carry nothing from one step to the next.)
             journal = phases.StepJournal(self, rows.req_ids, input_ids, inputs_embeds)
             try:
-                self._hook_rows(rows, input_ids, inputs_embeds, journal.requests)
+                self._hook_rows(rows, input_ids, inputs_embeds, journal)
             except BaseException:
                 journal.undo()
                 raise
@@ -183,9 +183,10 @@ class OmnigenTinyTalkerRunner(OmniRunnerBase, vllm_api.GPUModelRunner):
                 gc.enable()
 
     def _hook_rows(
-        self, rows: Any, input_ids: torch.Tensor, inputs_embeds: torch.Tensor, requests: list[Any]
+        self, rows: Any, input_ids: torch.Tensor, inputs_embeds: torch.Tensor, journal: phases.StepJournal
     ) -> None:
-        """Each row through the model's hooks, in batch order (3.1-3.5)."""
+        """Each row through the model's hooks, in batch order (3.1-3.5). The step's ``journal`` has
+        each row's request and buffer as the step found them."""
         num_tokens = int(input_ids.shape[0])
         # preprocess.decode_batch=mtp: adjacent single-token decode rows share one hook call
         # that also returns their MTP inputs.
@@ -197,7 +198,8 @@ class OmnigenTinyTalkerRunner(OmniRunnerBase, vllm_api.GPUModelRunner):
         phases.check_row_bounds(rows, num_tokens)
         # Each row's buffer with its runner keys (3.1). (Its request, in ``requests``, is None where
         # unknown: nothing is merged into that row's buffer, 4.1.)
-        row_buffers = phases.stamp_rows(self, rows)
+        row_buffers = phases.stamp_rows(self, rows, journal.buffers)
+        requests = journal.requests
         preprocess = self.model.preprocess
         width = inputs_embeds.shape[1]
         # Each row's update merges into its buffer as it comes (4.1), but a GPU-resident key's
@@ -205,10 +207,8 @@ class OmnigenTinyTalkerRunner(OmniRunnerBase, vllm_api.GPUModelRunner):
         gpu_keys = self.GPU_RESIDENT_KEYS
         deferred: buffers.DeferredCopies = {}
         mtp_width = self.last_talker_hidden.gpu.shape[1]
-        mtp_ids: list[torch.Tensor] = []
-        mtp_embeds: list[torch.Tensor] = []
-        mtp_hidden: list[torch.Tensor] = []
-        mtp_text: list[torch.Tensor] = []
+        # Each MTP row's (or decode batch's) ids, embeddings, last_hidden and text_step.
+        mtp_entries: list[tuple[torch.Tensor, ...]] = []
         for first, last, batched in segments:
             if not batched:
                 req_id, buffer = rows.req_ids[first], row_buffers[first]
@@ -222,7 +222,11 @@ class OmnigenTinyTalkerRunner(OmniRunnerBase, vllm_api.GPUModelRunner):
                     raise
                 # The result is checked (arity, count, width, dtype, types) before anything is written (3.5).
                 ids_out, embeds_out, update = phases.row_output(req_id, out, end - start, width)
-                phases.merge_row_update(buffer, request, update, gpu_keys, deferred)
+                # The row's update merges into its buffer, which its request mirrors (4.1: nothing for an empty
+                # update or an unknown request, None).
+                if request is not None and update:
+                    buffers.merge_update(buffer, update, gpu_keys, deferred)
+                    request.additional_information_cpu = buffer
                 phases.write_into(row_embeds, embeds_out)
                 if ids_out is not None:
                     phases.write_into(row_ids, ids_out)
@@ -259,10 +263,7 @@ class OmnigenTinyTalkerRunner(OmniRunnerBase, vllm_api.GPUModelRunner):
                 if not rows.disjoint:
                     inputs_embeds.index_copy_(0, index, embeds_out)
                 input_ids.index_copy_(0, index, ids_out.reshape(-1).to(input_ids.dtype))
-            mtp_ids.append(ids_out.reshape(-1))
-            mtp_embeds.append(embeds_out)
-            mtp_hidden.append(last_hidden)
-            mtp_text.append(text_step)
+            mtp_entries.append((ids_out.reshape(-1), embeds_out, last_hidden, text_step))
             phases.merge_batch_updates(
                 row_buffers[first:last], requests[first:last], updates, gpu_keys, deferred
             )
@@ -270,10 +271,11 @@ class OmnigenTinyTalkerRunner(OmniRunnerBase, vllm_api.GPUModelRunner):
         # key for the step: they are read after the loop (as the MTP inputs are), so a hook must
         # not rewrite within the step a GPU-resident tensor it returned.
         buffers.store_owned_copies(deferred)
-        if mtp_ids:
+        if mtp_entries:
             # The MTP rows (the single-token decode rows, 3.2) run once, after every row's hook, in
             # row order (3.4): their inputs are staged in the first rows of the four buffers, one
             # copy each.
+            mtp_ids, mtp_embeds, mtp_hidden, mtp_text = zip(*mtp_entries, strict=True)
             mtp_req_ids, mtp_offsets = phases.single_decode_rows(rows)
             ids_slots, embeds_slots, hidden_slots, text_slots = mtp.leading_rows(self, len(mtp_req_ids))
             ids = mtp.flat_ids(mtp_ids)

@@ -182,7 +182,7 @@ class Qwen3OmniTalkerRunner(OmniRunnerBase, vllm_api.GPUModelRunner):
             # rows are staged in them, and they carry nothing from one step to the next.)
             journal = phases.StepJournal(self, rows.req_ids, input_ids, inputs_embeds)
             try:
-                self._hook_rows(rows, input_ids, inputs_embeds, journal.requests)
+                self._hook_rows(rows, input_ids, inputs_embeds, journal)
             except BaseException:
                 journal.undo()
                 raise
@@ -191,9 +191,10 @@ class Qwen3OmniTalkerRunner(OmniRunnerBase, vllm_api.GPUModelRunner):
                 gc.enable()
 
     def _hook_rows(
-        self, rows: Any, input_ids: torch.Tensor, inputs_embeds: torch.Tensor, requests: list[Any]
+        self, rows: Any, input_ids: torch.Tensor, inputs_embeds: torch.Tensor, journal: phases.StepJournal
     ) -> None:
-        """Each row through the model's hooks, in batch order (3.1-3.5)."""
+        """Each row through the model's hooks, in batch order (3.1-3.5). The step's ``journal`` has
+        each row's request and buffer as the step found them."""
         num_tokens = int(input_ids.shape[0])
         # mtp.enabled: the MTP rows are gathered and written back by offset, so offsets out of
         # bounds or shared by two rows fail before any hook runs (3.5).
@@ -202,7 +203,8 @@ class Qwen3OmniTalkerRunner(OmniRunnerBase, vllm_api.GPUModelRunner):
         phases.check_row_bounds(rows, num_tokens)
         # Each row's buffer with its runner keys (3.1). (Its request, in ``requests``, is None where
         # unknown: nothing is merged into that row's buffer, 4.1.)
-        row_buffers = phases.stamp_rows(self, rows)
+        row_buffers = phases.stamp_rows(self, rows, journal.buffers)
+        requests = journal.requests
         preprocess = self.model.preprocess
         width = inputs_embeds.shape[1]
         # Each row's update merges into its buffer as it comes (4.1), but a GPU-resident key's
@@ -210,10 +212,8 @@ class Qwen3OmniTalkerRunner(OmniRunnerBase, vllm_api.GPUModelRunner):
         gpu_keys = self.GPU_RESIDENT_KEYS
         deferred: buffers.DeferredCopies = {}
         mtp_width = self.last_talker_hidden.gpu.shape[1]
-        mtp_ids: list[torch.Tensor] = []
-        mtp_embeds: list[torch.Tensor] = []
-        mtp_hidden: list[torch.Tensor] = []
-        mtp_text: list[torch.Tensor] = []
+        # Each MTP row's (or decode batch's) ids, embeddings, last_hidden and text_step.
+        mtp_entries: list[tuple[torch.Tensor, ...]] = []
         # Each row's slices of the step's ids and embeddings, made together (3.3).
         ids_slices, embeds_slices = phases.row_slices(rows, input_ids, inputs_embeds)
         row_fields = zip(
@@ -235,25 +235,30 @@ class Qwen3OmniTalkerRunner(OmniRunnerBase, vllm_api.GPUModelRunner):
                 raise
             if decode:
                 # The result is checked (arity, count, width, dtype, types) before anything is written (3.5),
-                # and its MTP inputs taken out of the update.
-                ids_out, embeds_out, update, last_hidden, text_step = phases.mtp_row_output(
-                    req_id, out, width, mtp_width
-                )
+                # and its MTP inputs taken out of the update: the row's MTP entry is its (ids, embeddings,
+                # last_hidden, text_step).
+                update, mtp_entry = phases.mtp_row_output(req_id, out, width, mtp_width)
                 # mtp.enabled: a single-token decode row feeds the talker MTP (3.2); its ids are written with
                 # the other MTP rows' after the loop and its embedding is the predictor's (2.3), unless rows
                 # share tokens: then a later row's hook reads what this row writes, in row order.
                 if not rows.disjoint:
+                    ids_out, embeds_out, _, _ = mtp_entry
                     phases.write_into(row_embeds, embeds_out)
                     phases.write_into(row_ids, ids_out)
-                mtp_ids.append(ids_out)
-                mtp_embeds.append(embeds_out)
-                mtp_hidden.append(last_hidden)
-                mtp_text.append(text_step)
-                phases.merge_row_update(buffer, request, update, gpu_keys, deferred)
+                mtp_entries.append(mtp_entry)
+                # The row's update merges into its buffer, which its request mirrors (4.1: nothing for an empty
+                # update or an unknown request, None).
+                if request is not None and update:
+                    buffers.merge_update(buffer, update, gpu_keys, deferred)
+                    request.additional_information_cpu = buffer
                 continue
             # The result is checked (arity, count, width, dtype, types) before anything is written (3.5).
             ids_out, embeds_out, update = phases.row_output(req_id, out, end - start, width)
-            phases.merge_row_update(buffer, request, update, gpu_keys, deferred)
+            # The row's update merges into its buffer, which its request mirrors (4.1: nothing for an empty
+            # update or an unknown request, None).
+            if request is not None and update:
+                buffers.merge_update(buffer, update, gpu_keys, deferred)
+                request.additional_information_cpu = buffer
             phases.write_into(row_embeds, embeds_out)
             if ids_out is not None:
                 phases.write_into(row_ids, ids_out)
@@ -261,10 +266,11 @@ class Qwen3OmniTalkerRunner(OmniRunnerBase, vllm_api.GPUModelRunner):
         # key for the step: they are read after the loop (as the MTP inputs are), so a hook must
         # not rewrite within the step a GPU-resident tensor it returned.
         buffers.store_owned_copies(deferred)
-        if mtp_ids:
+        if mtp_entries:
             # The MTP rows (the single-token decode rows, 3.2) run once, after every row's hook, in
             # row order (3.4): their inputs are staged in the first rows of the four buffers, one
             # copy each.
+            mtp_ids, mtp_embeds, mtp_hidden, mtp_text = zip(*mtp_entries, strict=True)
             mtp_req_ids, mtp_offsets = phases.single_decode_rows(rows)
             ids_slots, embeds_slots, hidden_slots, text_slots = mtp.leading_rows(self, len(mtp_req_ids))
             ids = mtp.flat_ids(mtp_ids)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import operator
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -155,7 +156,7 @@ def row_views(tensor: torch.Tensor) -> tuple[torch.Tensor, ...]:
     return tensor.split([1] * tensor.shape[0])
 
 
-def stack_rows(tensors: list[torch.Tensor], width: int) -> torch.Tensor:
+def stack_rows(tensors: Sequence[torch.Tensor], width: int) -> torch.Tensor:
     """The step's MTP inputs (one entry per per-row hook row, one per decode batch) as one tensor
     to copy into the ``(rows, width)`` staging rows: in one device operation when every entry is
     a 1-D vector or every entry a ``(rows, width)`` block (a model may hand back either: Qwen3-Omni's
@@ -177,10 +178,13 @@ def stack_rows(tensors: list[torch.Tensor], width: int) -> torch.Tensor:
     return torch.cat([t.reshape(-1, width) for t in tensors])
 
 
-def flat_ids(tensors: list[torch.Tensor]) -> torch.Tensor:
+def flat_ids(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
     """The step's MTP ids (one entry per hook call) as one 1-D tensor."""
     if len(tensors) == 1 and tensors[0].dim() == 1:
         return tensors[0]
-    if all(t.dim() == 1 for t in tensors):
-        return torch.cat(tensors)
+    # Entries of one rank join as they are, and the join flattened keeps row order ((1,) and
+    # (1, 1) entries alike); whether they join is asked of torch, not entry by entry (this runs on
+    # every step with one entry per MTP row). Mixed ranks are flattened one by one first.
+    with contextlib.suppress(RuntimeError):
+        return torch.cat(tensors).reshape(-1)
     return torch.cat([t.reshape(-1) for t in tensors])

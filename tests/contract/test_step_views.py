@@ -134,3 +134,23 @@ def test_a_single_mtp_row_is_copied_into_its_staging_row_as_it_is():
     slots = torch.zeros(1, HIDDEN)
     slots.copy_(mtp.stack_rows([row], HIDDEN))
     assert torch.equal(slots[0], row)
+
+
+@pytest.mark.parametrize(
+    "shapes",
+    [
+        [(1,)] * 3,  # per-row hook rows' ids
+        [(1, 1)] * 3,  # ids handed back 2-D
+        [(3,), (1,)],  # a decode batch's ids, then a row's
+        [(1, 3), (1, 3)],  # 2-D batches of one shape: flattened row by row
+        [(1, 3), (1, 2)],  # 2-D of other widths: they do not join as they are
+        [(1,), (1, 1), (2,)],  # mixed ranks
+        [(), (1,)],  # a 0-d id
+    ],
+)
+def test_flat_ids_gives_the_ids_in_order(shapes):
+    tensors = [torch.randint(0, 100, shape) for shape in shapes]
+    expected = torch.cat([t.reshape(-1) for t in tensors])
+    flat = mtp.flat_ids(tensors)
+    assert flat.dim() == 1
+    assert torch.equal(flat, expected)

@@ -99,3 +99,46 @@ def test_a_replaced_buffer_and_its_mirror_are_put_back(variant, recorder, ctx, g
     assert r.runner.model_intermediate_buffer[first] is buffer
     assert r.runner.requests[first].additional_information_cpu is buffer
     assert runner_state(r.runner) == before
+
+
+def test_the_journal_puts_back_every_dict_a_step_can_write_into():
+    """Every buffer (an empty one too) and every dict inside one, dict subclasses included, is
+    restored in place; a buffer made during the step is dropped again."""
+    import collections
+    import copy
+    from types import SimpleNamespace
+
+    from omnigen.runtime import phases
+
+    sub = collections.OrderedDict(a=1)
+    counts = collections.defaultdict(int, b=2)
+    buffers = {
+        "full": {"request_id": "full", "meta": {"tag": 1}, "ordered": sub, "counts": counts, "n": 3},
+        "empty": {},
+    }
+    requests = {req_id: SimpleNamespace(additional_information_cpu=buf) for req_id, buf in buffers.items()}
+    requests["new"] = SimpleNamespace()
+    runner = SimpleNamespace(model_intermediate_buffer=buffers, requests=requests, _talker_mtp_generators={})
+    before = copy.deepcopy(buffers)
+    objects = {req_id: id(buf) for req_id, buf in buffers.items()}
+    ids = torch.arange(3)
+    journal = phases.StepJournal(runner, ["full", "empty", "new"], ids)
+
+    full = buffers["full"]
+    full["meta"]["tag"] = 2
+    sub["a"] = 9
+    sub["z"] = 0
+    counts["c"] += 1
+    full["n"] = 4
+    buffers["empty"]["request_id"] = "empty"
+    buffers["new"] = {"request_id": "new"}
+    requests["new"].additional_information_cpu = buffers["new"]
+    ids.fill_(7)
+    journal.undo()
+
+    assert buffers == before
+    assert {req_id: id(buf) for req_id, buf in buffers.items()} == objects
+    assert buffers["full"]["ordered"] is sub and list(sub.items()) == [("a", 1)]
+    assert buffers["full"]["counts"] is counts and dict(counts) == {"b": 2}
+    assert not hasattr(requests["new"], "additional_information_cpu")
+    assert ids.tolist() == [0, 1, 2]

@@ -109,8 +109,7 @@ def _merged_by_the_runner(step) -> dict:
     rows = [runner.model_intermediate_buffer[req_id] for req_id in step.req_ids]
     requests = [runner.requests[req_id] for req_id in step.req_ids]
     deferred: buffers.DeferredCopies = {}
-    for buffer, request, update in zip(rows, requests, step.updates, strict=True):
-        phases.merge_row_update(buffer, request, update, runner.GPU_RESIDENT_KEYS, deferred)
+    phases.merge_batch_updates(rows, requests, step.updates, runner.GPU_RESIDENT_KEYS, deferred)
     buffers.store_owned_copies(deferred)
     return runner.model_intermediate_buffer
 
