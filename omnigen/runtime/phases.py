@@ -531,7 +531,12 @@ class StepJournal:
         # step's rows use the two lists too (read-only).
         self.buffers = row_buffers = list(map(runner.model_intermediate_buffer.get, req_ids))
         self.requests = requests = list(map(runner.requests.get, req_ids))
-        self._mirrors = list(map(getattr, requests, itertools.repeat(MIRROR), itertools.repeat(_ABSENT)))
+        try:
+            # The common step: every request known and mirrored (a specialized attribute read, 0.17k
+            # instructions a row against 0.44k for getattr with a default).
+            self._mirrors = [request.additional_information_cpu for request in requests]
+        except AttributeError:
+            self._mirrors = list(map(getattr, requests, itertools.repeat(MIRROR), itertools.repeat(_ABSENT)))
         # Every existing buffer and every dict inside one, and a copy of each. The values are
         # scanned by C calls (a buffer's every value, every row: a Python loop over them cost
         # 4.2k instructions a row at 256 talker rows, this 3.0k).
