@@ -7,6 +7,7 @@ runner methods that call them are in ``base.py`` and the generated classes.
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 import torch
@@ -43,10 +44,15 @@ def keep_on_device(value: Any) -> Any:
 
 def owned_copies(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
     """``[keep_on_device(t) for t in tensors]``, in one device copy when the tensors can be joined
-    (one dtype, one device, the same trailing shape, at least one dimension): the copies are then
-    views of one new tensor, so no copy aliases its source and none aliases another. (Whether
-    they can is asked of ``torch.cat`` itself, not tensor by tensor: this runs for every row.)"""
+    (one dtype, one device, and one shape, or the same trailing shape and at least one dimension):
+    the copies are then views of one new tensor, so no copy aliases its source and none aliases
+    another. (Whether they can is asked of ``torch.stack`` and ``torch.cat`` themselves, not tensor
+    by tensor: this runs for every row.)"""
     if len(tensors) > 1 and len({t.dtype for t in tensors}) == 1:
+        # Tensors of one shape (one row each, the common case) stack: no sizes to read, which cost
+        # more than ``unbind`` costs over ``split`` (1.3k instructions a tensor against 0.6k).
+        with contextlib.suppress(RuntimeError):  # shapes or devices differ
+            return list(torch.stack(tensors).detach().unbind())
         try:
             sizes = [t.shape[0] for t in tensors]  # IndexError: a 0-d tensor
             joined = torch.cat(tensors)  # RuntimeError: mixed devices or trailing shapes
@@ -75,14 +81,18 @@ def merge_update(
     copy; with ``deferred`` that copy is left to the caller (``store_owned_copies``), so a batch
     of rows can make all of theirs in one device operation.
     """
-    for key, value in update.items():
+    # Keys, then a look-up, rather than ``.items()``: no items view, 0.4k instructions a dict
+    # (measured under callgrind on a one-key update: this runs for every row of every step).
+    for key in update:
+        value = update[key]
         if not isinstance(value, dict):
             buffer[key] = to_host(value)
             continue
         sub = buffer.get(key)
         if not isinstance(sub, dict):
             sub = buffer[key] = {}
-        for qualifier, item in value.items():
+        for qualifier in value:
+            item = value[qualifier]
             if not (gpu_keys and (pair := (key, qualifier)) in gpu_keys):
                 # to_host(item), without the call where it would hand back the item itself: a
                 # contiguous host tensor that needs no detach (this runs for every update value).

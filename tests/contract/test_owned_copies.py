@@ -50,9 +50,18 @@ def test_each_tensor_gets_its_own_exact_copy(case):
     _check_owned(sources, buffers.owned_copies(sources))
 
 
-def test_a_joinable_batch_is_one_copy():
-    sources = list(torch.arange(8.0).reshape(4, 2).split(1))
+JOINABLE = {
+    "rows of one shape (stacked)": lambda: list(torch.arange(8.0).reshape(4, 2).split(1)),
+    "0-d tensors (stacked)": lambda: [torch.tensor(1.0), torch.tensor(2.0), torch.tensor(3.0)],
+    "blocks of several row counts (joined)": lambda: [torch.ones(2, 3), torch.zeros(1, 3), torch.ones(3, 3)],
+}
+
+
+@pytest.mark.parametrize("case", list(JOINABLE))
+def test_a_joinable_batch_is_one_copy(case):
+    sources = JOINABLE[case]()
     copies = buffers.owned_copies(sources)
+    _check_owned(sources, copies)
     assert len({c.untyped_storage().data_ptr() for c in copies}) == 1, "one device copy for the batch"
     assert all(
         c.untyped_storage().data_ptr() != s.untyped_storage().data_ptr()
