@@ -7,9 +7,11 @@ batched target of issue 12 (host cost of a decode step).
 A floor is the tightest loop that does one clause's per-request work for the B requests of a
 steady-state decode step of a cell, on the benchmark's own objects (the generated runner's
 buffers and requests after the step, the trivial hooks' results): no function call, no
-generality and no check the clause does not ask for. What a runner that keeps the contract's
-data pays per request, however it is written, is at least the sum of its cell's floors: a dict
-per request that updates merge into one level deep and that mirrors as
+generality and no check the clause does not ask for, each in the cheapest form measured (a
+dict's keys then a look-up, not ``.items()``; a ``stack`` then ``unbind``, not a ``cat`` split by
+sizes): a runner that beats a floor shows the floor was not one. What a runner that keeps the
+contract's data pays per request, however it is written, is at least the sum of its cell's
+floors: a dict per request that updates merge into one level deep and that mirrors as
 ``additional_information_cpu`` (4.1), a tensor per request for each stored value (its codes row,
 2.3; an owned copy of a GPU-resident update, 4.1 as vllm-omni keeps it), four runner keys per
 request (3.1), every buffer put back when a step fails (issue 9).
@@ -174,14 +176,16 @@ def merges(step: Step) -> None:
     gpu_keys = step.gpu_keys
     for req_id, update in zip(step.req_ids, step.updates, strict=True):
         buffer = get(req_id)
-        for key, value in update.items():
+        for key in update:
+            value = update[key]
             if type(value) is not dict:
                 buffer[key] = value
                 continue
             sub = buffer.get(key)
             if sub is None:
                 sub = buffer[key] = {}
-            for qualifier, item in value.items():
+            for qualifier in value:
+                item = value[qualifier]
                 if (key, qualifier) in gpu_keys:
                     continue
                 sub[qualifier] = item if item.is_cpu else item.cpu()
@@ -190,7 +194,8 @@ def merges(step: Step) -> None:
 
 def owned_copies_batched(step: Step) -> None:
     """4.1, GPU-resident keys: one copy of every row's tensor, a view per row stored in its buffer
-    (the runner copies them once the step's hooks have all run, per-row hooks' too)."""
+    (the runner copies them once the step's hooks have all run, per-row hooks' too). The step's
+    rows are of one shape: stacked and unbound, the cheapest per row (no sizes to read)."""
     get = step.buffers.get
     for key, qualifier in step.gpu_keys:
         subs, tensors = [], []
@@ -201,7 +206,7 @@ def owned_copies_batched(step: Step) -> None:
                 tensors.append(value[qualifier])
         if not tensors:
             continue
-        for sub, copy in zip(subs, torch.cat(tensors).split([t.shape[0] for t in tensors]), strict=True):
+        for sub, copy in zip(subs, torch.stack(tensors).unbind(), strict=True):
             sub[qualifier] = copy
 
 
@@ -335,7 +340,7 @@ CELL_FLOORS = {
 
 
 def _owned_views(step: Step) -> dict[tuple[str, str], tuple[torch.Tensor, ...]]:
-    """Each GPU-resident key's tensors of the step's updates copied in one ``cat``, a view per row."""
+    """Each GPU-resident key's tensors of the step's updates copied in one ``stack``, a view per row."""
     n = len(step.req_ids)
     owned = {}
     for key, qualifier in step.gpu_keys:
@@ -345,7 +350,7 @@ def _owned_views(step: Step) -> dict[tuple[str, str], tuple[torch.Tensor, ...]]:
         if len(tensors) != n:
             # The copies are stored by row: a key on some rows only would go unstored.
             raise ValueError(f"{key}.{qualifier} is in {len(tensors)} of the step's {n} updates")
-        owned[key, qualifier] = torch.cat(tensors).split([t.shape[0] for t in tensors])
+        owned[key, qualifier] = torch.stack(tensors).unbind()
     return owned
 
 
@@ -376,11 +381,13 @@ def whole_step_batched(step: Step) -> None:
     codes = step.codes.clone().split([1] * n) if "code_rows" in paid else None
     seeded = "generators" in paid
     for row, (req_id, buffer, update) in enumerate(zip(step.req_ids, row_buffers, step.updates, strict=True)):
-        for key, value in update.items():
+        for key in update:
+            value = update[key]
             sub = buffer.get(key)
             if sub is None:
                 sub = buffer[key] = {}
-            for qualifier, item in value.items():
+            for qualifier in value:
+                item = value[qualifier]
                 copies = owned.get((key, qualifier))
                 if copies is not None:
                     sub[qualifier] = copies[row]
@@ -452,11 +459,13 @@ def whole_step_per_row(step: Step) -> None:
         embeds.append(out_embeds)
         hidden.append(mtp[0])
         text.append(mtp[1])
-        for key, value in update.items():
+        for key in update:
+            value = update[key]
             sub = buffer.get(key)
             if sub is None:
                 sub = buffer[key] = {}
-            for qualifier, item in value.items():
+            for qualifier in value:
+                item = value[qualifier]
                 if (key, qualifier) not in gpu_keys:
                     sub[qualifier] = item if item.is_cpu else item.cpu()
         requests[req_id].additional_information_cpu = buffer
