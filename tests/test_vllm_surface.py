@@ -236,6 +236,18 @@ SOURCES: dict[str, tuple[str, ...]] = {
         "forward_context.cudagraph_runtime_mode",
         "entry.input_addresses",
     ),
+    # A hooked stage's _preprocess keeps the ids and embeddings vLLM's step hands back (it slices
+    # the persistent buffers only where vLLM gave None): they must be those buffers' slices, the
+    # memory the hooks write into and a CUDA graph captured.
+    "vllm.v1.worker.gpu_model_runner:GPUModelRunner._preprocess": (
+        "input_ids, inputs_embeds = self._prepare_mm_inputs(num_input_tokens)",
+        "inputs_embeds = self.inputs_embeds.gpu[:num_input_tokens]",
+        "input_ids = self.input_ids.gpu[:num_input_tokens]",
+    ),
+    "vllm.v1.worker.gpu_model_runner:GPUModelRunner._prepare_mm_inputs": (
+        "input_ids = self.input_ids.gpu[:num_tokens]",
+        "inputs_embeds = self.inputs_embeds.gpu[:num_tokens]",
+    ),
     # async scheduling: attach_step_payloads writes to the inner output get_output returns.
     "vllm.v1.worker.gpu_model_runner:AsyncGPUModelRunnerOutput": ("self._model_runner_output",),
     "vllm.platforms.interface:Platform.get_static_graph_wrapper_cls": ("def get_static_graph_wrapper_cls",),

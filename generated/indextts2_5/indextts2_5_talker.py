@@ -94,9 +94,13 @@ class Indextts25Indextts25TalkerRunner(OmniRunnerBase, vllm_api.GPUModelRunner):
         self._sync_local_stage_payloads()
         # preprocess.hook: the hook reads and writes the persistent buffers, so a CUDA graph
         # replays the addresses it captured, and sees the scheduled ids even when a
-        # multimodal wrapper passed none (3.6).
-        input_ids = self.input_ids.gpu[:num_input_tokens]
-        inputs_embeds = self.inputs_embeds.gpu[:num_input_tokens]
+        # multimodal wrapper passed none (3.6). Where vLLM's step handed back a tensor it is
+        # already that buffer's slice (tests/test_vllm_surface.py holds vLLM to it): not
+        # sliced again (a view costs 7.6k instructions, a one-row step's largest share).
+        if input_ids is None:
+            input_ids = self.input_ids.gpu[:num_input_tokens]
+        if inputs_embeds is None:
+            inputs_embeds = self.inputs_embeds.gpu[:num_input_tokens]
         self._preprocess_rows(scheduler_output, input_ids, inputs_embeds)
         return input_ids, inputs_embeds, positions, intermediate_tensors, model_kwargs, ec_connector_output
 

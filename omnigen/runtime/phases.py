@@ -28,7 +28,9 @@ ROW_BOUNDS_ERROR = "Preprocessing requires every row's tokens within the step"
 @dataclass(slots=True)
 class RowPhases:
     """The rows of one step, in ``input_batch.req_ids`` order, as plain Python values (the per-row
-    loops index them), with the facts the step's checks need computed once."""
+    loops index them), with the facts the step's checks need computed once. Made once a step by
+    the readers below with positional arguments, in field order: thirteen keywords cost 5.5k
+    instructions more a call."""
 
     req_ids: list[str]
     starts: list[int]
@@ -88,49 +90,33 @@ def read_row_phases(
     decode_starts = list(itertools.compress(starts, single_decode))
     tiled = ends[:-1] == starts[1:]
     disjoint = tiled or all(map(operator.le, ends[:-1], starts[1:])) or _disjoint_unordered(starts, ends)
+    first_token = min(starts, default=0)
+    end_token = max(ends, default=0)
+    decode_starts_increasing = all(map(operator.lt, decode_starts, decode_starts[1:]))
+    last_decode_start = decode_starts[-1] if decode_starts else -1
     return RowPhases(
-        req_ids=req_ids,
-        starts=starts,
-        ends=ends,
-        prompt_lens=prompt_lens,
-        computed=computed,
-        is_prefill=is_prefill,
-        single_decode=single_decode,
-        first_token=min(starts, default=0),
-        end_token=max(ends, default=0),
-        disjoint=disjoint,
-        tiled=tiled,
-        decode_starts_increasing=all(map(operator.lt, decode_starts, decode_starts[1:])),
-        last_decode_start=decode_starts[-1] if decode_starts else -1,
-    )
+        req_ids, starts, ends, prompt_lens, computed, is_prefill, single_decode,
+        first_token, end_token, disjoint, tiled, decode_starts_increasing, last_decode_start,
+    )  # fmt: skip
 
 
 def _read_one_row(
     req_ids: list[str], input_batch: Any, query_start_loc: Any, num_scheduled_tokens: dict[str, int]
 ) -> RowPhases:
     """``read_row_phases`` for a one-row step: the same values, read as scalars."""
-    req_id = req_ids[0]
-    start = int(query_start_loc.np[0])
-    end = start + num_scheduled_tokens[req_id]
-    prompt_len = int(input_batch.num_prompt_tokens[0])
-    computed = int(input_batch.num_computed_tokens_cpu[0])
+    # ``item`` reads a Python int out of the array at once (0.8k instructions against 1.4k for
+    # ``int(array[0])``, which makes a numpy scalar first).
+    start = query_start_loc.np.item(0)
+    end = start + num_scheduled_tokens[req_ids[0]]
+    prompt_len = input_batch.num_prompt_tokens.item(0)
+    computed = input_batch.num_computed_tokens_cpu.item(0)
     prefill = computed < prompt_len
     decode = end - start == 1 and not prefill
+    last_decode_start = start if decode else -1
     return RowPhases(
-        req_ids=req_ids,
-        starts=[start],
-        ends=[end],
-        prompt_lens=[prompt_len],
-        computed=[computed],
-        is_prefill=[prefill],
-        single_decode=[decode],
-        first_token=start,
-        end_token=end,
-        disjoint=True,
-        tiled=True,
-        decode_starts_increasing=True,
-        last_decode_start=start if decode else -1,
-    )
+        req_ids, [start], [end], [prompt_len], [computed], [prefill], [decode],
+        start, end, True, True, True, last_decode_start,
+    )  # fmt: skip
 
 
 def _disjoint_unordered(starts: list[int], ends: list[int]) -> bool:
@@ -157,21 +143,13 @@ def _read_rows_vectorized(
         disjoint = bool((offsets[order][1:] >= ends[order][:-1]).all())
     single_decode = (spans == 1) & ~is_prefill
     decode_starts = offsets[single_decode]
+    decode_starts_increasing = bool((decode_starts[1:] > decode_starts[:-1]).all())
+    last_decode_start = int(decode_starts[-1]) if decode_starts.size else -1
     return RowPhases(
-        req_ids=req_ids,
-        starts=offsets.tolist(),
-        ends=ends.tolist(),
-        prompt_lens=prompt_lens.tolist(),
-        computed=computed.tolist(),
-        is_prefill=is_prefill.tolist(),
-        single_decode=single_decode.tolist(),
-        first_token=int(offsets.min()),
-        end_token=int(ends.max()),
-        disjoint=disjoint,
-        tiled=tiled,
-        decode_starts_increasing=bool((decode_starts[1:] > decode_starts[:-1]).all()),
-        last_decode_start=int(decode_starts[-1]) if decode_starts.size else -1,
-    )
+        req_ids, offsets.tolist(), ends.tolist(), prompt_lens.tolist(), computed.tolist(),
+        is_prefill.tolist(), single_decode.tolist(), int(offsets.min()), int(ends.max()),
+        disjoint, tiled, decode_starts_increasing, last_decode_start,
+    )  # fmt: skip
 
 
 SPLIT_ROWS = 8

@@ -329,11 +329,13 @@ def test_short_batch_output_leaves_no_buffer_behind(variant, recorder, ctx, grap
 
 
 class BasePreprocess:
-    """Stands in for vLLM's ``GPUModelRunner._preprocess``: a multimodal wrapper's outputs."""
+    """Stands in for vLLM's ``GPUModelRunner._preprocess``: a multimodal wrapper's outputs. Its
+    embeddings are ``embeds``, or (None) the persistent buffer's slice, as vLLM's
+    ``_prepare_mm_inputs`` hands them back."""
 
-    def __init__(self, input_ids):
+    def __init__(self, input_ids, embeds=None):
         self.input_ids = input_ids
-        self.embeds = torch.zeros(3, 2)
+        self.embeds = embeds
         self.positions = torch.arange(3)
         self.intermediate = object()
         self.model_kwargs = {"wrapper": 1}
@@ -344,7 +346,8 @@ class BasePreprocess:
     def method(self):
         def _preprocess(runner, scheduler_output, num_input_tokens, intermediate_tensors=None):
             self.calls.append((scheduler_output, num_input_tokens, intermediate_tensors))
-            return self.input_ids, self.embeds, self.positions, self.intermediate, self.model_kwargs, self.ec
+            embeds = runner.inputs_embeds.gpu[:num_input_tokens] if self.embeds is None else self.embeds
+            return self.input_ids, embeds, self.positions, self.intermediate, self.model_kwargs, self.ec
 
         return _preprocess
 
@@ -377,6 +380,28 @@ def test_preprocess_with_no_ids_from_the_wrapper_uses_the_persistent_buffers(
         assert seen[row.req_id] == [token_id(row.tag, j) for j in range(row.span)]
 
 
+@pytest.mark.parametrize("variant", HOOK_VARIANTS, ids=ids(HOOK_VARIANTS))
+def test_preprocess_keeps_the_ids_slice_vllm_hands_back(variant, recorder, ctx, graph, monkeypatch):
+    """3 / 3.6 on a text model: vLLM hands back the ids buffer's slice and no embeddings; the hooks
+    read and write that slice (not a second one) and the embeddings buffer's."""
+    graph.for_policy(variant.caps["mtp_graph"] or "unsafe")
+    step = Step(rows_of(["prefill", "decode", "tail"]))
+    r = rig(variant, step, recorder, ctx)
+    n = step.total + 2
+    vllm_ids = step.input_ids.gpu[:n]
+
+    def text_model_preprocess(runner, scheduler_output, num_input_tokens, intermediate_tensors=None):
+        return vllm_ids, None, None, None, {}, None
+
+    monkeypatch.setattr(vllm_api.GPUModelRunner, "_preprocess", text_model_preprocess)
+    ids_out, embeds_out, *_ = r.runner._preprocess(step.sched, n)
+    assert ids_out is vllm_ids
+    assert embeds_out.data_ptr() == step.inputs_embeds.gpu.data_ptr() and embeds_out.shape[0] == n
+    hooked = [call["req_id"] for call in recorder.of("preprocess")]
+    hooked += [req_id for call in recorder.of("preprocess_decode_batch") for req_id in call["req_ids"]]
+    assert sorted(hooked) == sorted(row.req_id for row in step.rows)
+
+
 NO_HOOK = shipped(lambda c: not c["preprocess_hook"])
 
 
@@ -385,7 +410,7 @@ def test_preprocess_without_a_hook_returns_vllms_inputs(variant, recorder, monke
     """3: a stage without a preprocess hook hands back vLLM's 6-tuple untouched."""
     step = Step(rows_of(["prefill", "decode"]))
     runner = rig(variant, step, recorder, None).runner
-    base = BasePreprocess(torch.arange(6))
+    base = BasePreprocess(torch.arange(6), torch.zeros(3, 2))
     monkeypatch.setattr(vllm_api.GPUModelRunner, "_preprocess", base.method)
     out = runner._preprocess(step.sched, 6)
     assert len(out) == 6
