@@ -583,12 +583,13 @@ def us_per_request(fn: Callable[[Step], Any], step: Step, number: int = 20) -> f
     those hook calls, replayed ``number`` times, left out (as ``host_overhead`` leaves it out)."""
     recorder = step.recorder
     recorder.calls.clear()
-    with recorder.recording():
+    with recorder.recording(), host_overhead.step_mode():
         fn(step)
     gc.collect()
     gc.freeze()
     try:
-        seconds = timeit.Timer(lambda: fn(step), timer=host_overhead._clock).timeit(number)
+        with host_overhead.step_mode():
+            seconds = timeit.Timer(lambda: fn(step), timer=host_overhead._clock).timeit(number)
     finally:
         gc.unfreeze()
     inside = recorder.replay_seconds(number) if recorder.calls else 0.0
@@ -717,7 +718,12 @@ def main() -> None:
     parser.add_argument("--cells", nargs="+", choices=list(TARGETS), default=list(TARGETS))
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--steps", type=int, default=8, help="steps of each vllm-omni / omnigen measurement")
+    parser.add_argument(
+        "--outside-inference-mode", action="store_true",
+        help="time the steps outside torch.inference_mode (vLLM runs them inside it)",
+    )  # fmt: skip
     args = parser.parse_args()
+    host_overhead.INFERENCE_MODE = not args.outside_inference_mode
     console = Console(width=200)
     report(run(args.cells, args.batch, args.repeats, args.steps), args.batch, console)
 

@@ -53,6 +53,18 @@ HOOKS = ("preprocess", "preprocess_decode_batch", "preprocess_batch")
 # This thread's CPU time: on a shared machine the wall clock also counts the time the process
 # waits for a core; the work it does is what is compared (``--clock wall`` for the wall clock).
 _clock = time.thread_time
+INFERENCE_MODE = True
+"""vLLM runs a step's ``_preprocess`` under ``torch.inference_mode()`` (``execute_model`` is
+decorated with it), where a tensor skips its version counter and autograd bookkeeping: the
+benchmarks run every step, floor and hook replay the same way (``step_mode``).
+``--outside-inference-mode`` runs them outside it, as they ran before 2026-12-03."""
+
+
+def step_mode() -> torch.inference_mode:
+    """The autograd mode of a measured step: vLLM's (``INFERENCE_MODE``)."""
+    return torch.inference_mode(INFERENCE_MODE)
+
+
 BATCHES = (1, 8, 32, 128, 256)
 PREFILL_CHUNK = 8
 """Tokens of a prefill row per mixed step (a chunked prefill of a long prompt)."""
@@ -199,11 +211,12 @@ class HookRecorder:
         calls = self.calls
         freeze_gc_heap()
         try:
-            start = _clock()
-            for _ in range(times):
-                for fn, args, kwargs in calls:
-                    fn(*args, **kwargs)
-            return _clock() - start
+            with step_mode():
+                start = _clock()
+                for _ in range(times):
+                    for fn, args, kwargs in calls:
+                        fn(*args, **kwargs)
+                return _clock() - start
         finally:
             gc.unfreeze()
 
@@ -330,8 +343,9 @@ def _prepare(
     model = make_model(policy.flags, seed=0) if hooks == "dummy" else TrivialHooksModel(policy.flags, seed=0)
     runner = harness.build_runner(cls, model, policy, extra_patch_modules=extra)
     state = harness.RunState(scen, policy)
-    sched = harness._apply_step(runner, state, plan[0])
-    runner._preprocess(sched, plan[0].num_input_tokens)
+    with step_mode():
+        sched = harness._apply_step(runner, state, plan[0])
+        runner._preprocess(sched, plan[0].num_input_tokens)
     outputs = [(s, scen.scheduler_output(s, state.sampling_params)) for s in plan[1:]]
     recorder = None
     if wrap is not None:
@@ -349,15 +363,16 @@ def _drive(prep: _Prepared, profiler: cProfile.Profile | None = None) -> float:
     # step's collections do not scan the static objects; serving is measured the same way.
     freeze_gc_heap()
     try:
-        for s, sched in prep.outputs:
-            harness._apply_step(runner, prep.state, s)
-            if profiler is not None:
-                profiler.enable()
-            start = _clock()
-            runner._preprocess(sched, s.num_input_tokens)
-            total += _clock() - start
-            if profiler is not None:
-                profiler.disable()
+        with step_mode():
+            for s, sched in prep.outputs:
+                harness._apply_step(runner, prep.state, s)
+                if profiler is not None:
+                    profiler.enable()
+                start = _clock()
+                runner._preprocess(sched, s.num_input_tokens)
+                total += _clock() - start
+                if profiler is not None:
+                    profiler.disable()
     finally:
         gc.unfreeze()
     return total
@@ -719,6 +734,10 @@ def main() -> None:
     parser.add_argument("--hooks", choices=["trivial", "dummy"], default="trivial")
     parser.add_argument("--clock", choices=["thread", "wall"], default="thread")
     parser.add_argument(
+        "--outside-inference-mode", action="store_true",
+        help="run the steps outside torch.inference_mode (vLLM runs them inside it)",
+    )  # fmt: skip
+    parser.add_argument(
         "--ablate", nargs="+", default=[], choices=list(_ablations()),
         help="diagnostics: omnigen without one contract mechanism, to measure what it costs",
     )  # fmt: skip
@@ -735,6 +754,8 @@ def main() -> None:
         help="diagnostics: the garbage collections each runner's steps set off, at the first --batch",
     )  # fmt: skip
     args = parser.parse_args()
+    global INFERENCE_MODE
+    INFERENCE_MODE = not args.outside_inference_mode
     ablate(args.ablate)
     if args.collections:
         collections(args.cells, args.batch[0], args.steps)

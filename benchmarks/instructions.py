@@ -311,9 +311,10 @@ def measure(args: argparse.Namespace, cg: Callgrind) -> None:
                     prep = host_overhead._prepare(cls, policy, extra, scen, plan)
                     runner = prep.runner
                     warm, steps = prep.outputs[: args.warm], prep.outputs[args.warm :]
-                    for step, out in warm:
-                        harness._apply_step(runner, prep.state, step)
-                        runner._preprocess(out, step.num_input_tokens)
+                    with host_overhead.step_mode():
+                        for step, out in warm:
+                            harness._apply_step(runner, prep.state, step)
+                            runner._preprocess(out, step.num_input_tokens)
                     if kind == "hooks":
                         _count_hooks(cg, runner)
                     saved = None
@@ -325,13 +326,14 @@ def measure(args: argparse.Namespace, cg: Callgrind) -> None:
                     cg.start()
                     try:
                         cg.restart()
-                        for step, out in steps:
-                            harness._apply_step(runner, prep.state, step)
-                            if kind == "total":
-                                cg.toggle()
-                            runner._preprocess(out, step.num_input_tokens)
-                            if kind == "total":
-                                cg.toggle()
+                        with host_overhead.step_mode():
+                            for step, out in steps:
+                                harness._apply_step(runner, prep.state, step)
+                                if kind == "total":
+                                    cg.toggle()
+                                runner._preprocess(out, step.num_input_tokens)
+                                if kind == "total":
+                                    cg.toggle()
                         cg.dump(
                             **{
                                 "pass": kind,
@@ -356,7 +358,7 @@ def _measure_floors(args: argparse.Namespace, cg: Callgrind, key: str, batch: in
     the same work, each counted alone on the cell's steady step, as a part is. One that calls the
     model (the hook calls, the whole step) is counted as a runner is: its whole calls less the
     model's hook calls inside them, in a second pass."""
-    from benchmarks import floors
+    from benchmarks import floors, host_overhead
 
     if key not in floors.CELL_FLOORS:
         return
@@ -366,11 +368,12 @@ def _measure_floors(args: argparse.Namespace, cg: Callgrind, key: str, batch: in
     pieces += [("omnigen code", label, fn) for label, (_, fn) in floors.omnigen_code_for(key).items()]
     for side, name, fn in pieces:
         step.recorder.calls.clear()
-        with step.recorder.recording():
+        with step.recorder.recording(), host_overhead.step_mode():
             fn(step)
         calls_model = bool(step.recorder.calls)
-        for _ in range(args.warm):
-            fn(step)
+        with host_overhead.step_mode():
+            for _ in range(args.warm):
+                fn(step)
         for kind in ("total", "hooks") if calls_model else ("part",):
             saved = _count_model_hooks(cg, step.model) if kind == "hooks" else []
             call = cg.counted(fn) if kind == "part" else fn
@@ -379,12 +382,13 @@ def _measure_floors(args: argparse.Namespace, cg: Callgrind, key: str, batch: in
             cg.start()
             try:
                 cg.restart()
-                for _ in range(args.steps):
-                    if kind == "total":
-                        cg.toggle()
-                    call(step)
-                    if kind == "total":
-                        cg.toggle()
+                with host_overhead.step_mode():
+                    for _ in range(args.steps):
+                        if kind == "total":
+                            cg.toggle()
+                        call(step)
+                        if kind == "total":
+                            cg.toggle()
                 label = {"cell": key, "batch": batch, "side": side, "part": name, "steps": args.steps}
                 cg.dump(**{"pass": kind, **label})
             finally:
@@ -422,6 +426,7 @@ _ABSENT = object()
 
 
 def main() -> None:
+    from benchmarks import host_overhead
     from benchmarks.host_overhead import CELLS
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -443,8 +448,13 @@ def main() -> None:
         action="store_true",
         help="also count benchmarks/floors.py's floors and omnigen's code for the same work (batched cells)",
     )
+    parser.add_argument(
+        "--outside-inference-mode", action="store_true",
+        help="count the steps outside torch.inference_mode (vLLM runs them inside it)",
+    )  # fmt: skip
     parser.add_argument("--json", type=Path, help="also write the figures to this file")
     args = parser.parse_args()
+    host_overhead.INFERENCE_MODE = not args.outside_inference_mode
     if os.environ.get(DUMPS):
         measure(args, Callgrind(os.environ[HELPER_LIBRARY]))
         return
