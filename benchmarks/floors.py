@@ -718,12 +718,9 @@ def main() -> None:
     parser.add_argument("--cells", nargs="+", choices=list(TARGETS), default=list(TARGETS))
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--steps", type=int, default=8, help="steps of each vllm-omni / omnigen measurement")
-    parser.add_argument(
-        "--outside-inference-mode", action="store_true",
-        help="time the steps outside torch.inference_mode (vLLM runs them inside it)",
-    )  # fmt: skip
+    host_overhead.add_step_mode_argument(parser)
     args = parser.parse_args()
-    host_overhead.INFERENCE_MODE = not args.outside_inference_mode
+    host_overhead.set_step_mode(args)
     console = Console(width=200)
     report(run(args.cells, args.batch, args.repeats, args.steps), args.batch, console)
 

@@ -65,6 +65,19 @@ def step_mode() -> torch.inference_mode:
     return torch.inference_mode(INFERENCE_MODE)
 
 
+def add_step_mode_argument(parser: argparse.ArgumentParser) -> None:
+    """``--outside-inference-mode``, for every benchmark that measures steps (``set_step_mode``)."""
+    parser.add_argument(
+        "--outside-inference-mode", action="store_true",
+        help="measure the steps outside torch.inference_mode (vLLM runs them inside it)",
+    )  # fmt: skip
+
+
+def set_step_mode(args: argparse.Namespace) -> None:
+    global INFERENCE_MODE
+    INFERENCE_MODE = not args.outside_inference_mode
+
+
 BATCHES = (1, 8, 32, 128, 256)
 PREFILL_CHUNK = 8
 """Tokens of a prefill row per mixed step (a chunked prefill of a long prompt)."""
@@ -733,10 +746,7 @@ def main() -> None:
     parser.add_argument("--runner", choices=["omnigen", "oracle"], default="omnigen")
     parser.add_argument("--hooks", choices=["trivial", "dummy"], default="trivial")
     parser.add_argument("--clock", choices=["thread", "wall"], default="thread")
-    parser.add_argument(
-        "--outside-inference-mode", action="store_true",
-        help="run the steps outside torch.inference_mode (vLLM runs them inside it)",
-    )  # fmt: skip
+    add_step_mode_argument(parser)
     parser.add_argument(
         "--ablate", nargs="+", default=[], choices=list(_ablations()),
         help="diagnostics: omnigen without one contract mechanism, to measure what it costs",
@@ -754,8 +764,7 @@ def main() -> None:
         help="diagnostics: the garbage collections each runner's steps set off, at the first --batch",
     )  # fmt: skip
     args = parser.parse_args()
-    global INFERENCE_MODE
-    INFERENCE_MODE = not args.outside_inference_mode
+    set_step_mode(args)
     ablate(args.ablate)
     if args.collections:
         collections(args.cells, args.batch[0], args.steps)

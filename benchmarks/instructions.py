@@ -448,13 +448,10 @@ def main() -> None:
         action="store_true",
         help="also count benchmarks/floors.py's floors and omnigen's code for the same work (batched cells)",
     )
-    parser.add_argument(
-        "--outside-inference-mode", action="store_true",
-        help="count the steps outside torch.inference_mode (vLLM runs them inside it)",
-    )  # fmt: skip
+    host_overhead.add_step_mode_argument(parser)
     parser.add_argument("--json", type=Path, help="also write the figures to this file")
     args = parser.parse_args()
-    host_overhead.INFERENCE_MODE = not args.outside_inference_mode
+    host_overhead.set_step_mode(args)
     if os.environ.get(DUMPS):
         measure(args, Callgrind(os.environ[HELPER_LIBRARY]))
         return
