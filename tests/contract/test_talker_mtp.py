@@ -15,7 +15,7 @@ import torch
 from vllm.config import CUDAGraphMode
 from vllm.v1.utils import CpuGpuBuffer
 
-from omnigen.runtime import vllm_api
+from omnigen.runtime import mtp, vllm_api
 
 from ._support import (
     MTP_BUFFER_NAMES,
@@ -479,3 +479,41 @@ def test_write_back_to_offsets_and_codes_under_the_output_key(variant, explicit,
     for row in r.step.rows:
         if not row.eligible:
             assert key1 not in r.runner.model_intermediate_buffer[row.req_id][key0]
+
+
+def _request(**fields):
+    return SimpleNamespace(**fields)
+
+
+def test_row_generators_read_every_form_of_request():
+    """Only ``extra_args["tts_local_seed"]`` seeds a row, whatever else a request carries (no
+    sampling params, params without extra_args, extra_args None, empty, or not a dict); a seeded
+    row keeps its generator across steps, and a finished request's is dropped."""
+    requests = {
+        "no_params": _request(sampling_params=None),
+        "no_extra": _request(sampling_params=SimpleNamespace()),
+        "none": _request(sampling_params=SimpleNamespace(extra_args=None)),
+        "empty": _request(sampling_params=SimpleNamespace(extra_args={})),
+        "not_a_dict": _request(sampling_params=SimpleNamespace(extra_args=["tts_local_seed", 5])),
+        "plain_seed": _request(sampling_params=SimpleNamespace(extra_args=None, seed=9)),
+        "seeded": _request(sampling_params=SimpleNamespace(extra_args={"tts_local_seed": "7"})),
+    }
+    cache: dict[str, torch.Generator] = {"finished": torch.Generator()}
+    req_ids = list(requests)
+    found = mtp.row_generators(cache, requests, req_ids, torch.device("cpu"))
+    assert found[:-1] == [None] * (len(req_ids) - 1)
+    assert isinstance(found[-1], torch.Generator)
+    expected = torch.rand(1, generator=torch.Generator().manual_seed(7))
+    assert torch.rand(1, generator=found[-1]).item() == expected.item(), "seeded by tts_local_seed"
+    assert list(cache) == ["seeded"], "the finished request's generator was dropped"
+    # The next step continues the seeded row's stream.
+    again = mtp.row_generators(cache, requests, ["seeded"], torch.device("cpu"))
+    assert again == [found[-1]]
+
+
+def test_row_generators_of_an_unseeded_step_are_none():
+    """A step whose requests all carry no extra_args (the common decode step) has no generator."""
+    requests = {str(i): _request(sampling_params=SimpleNamespace(extra_args=None)) for i in range(4)}
+    cache: dict[str, torch.Generator] = {}
+    assert mtp.row_generators(cache, requests, list(requests), torch.device("cpu")) == [None] * 4
+    assert cache == {}
