@@ -134,7 +134,7 @@ class MimoAudioFusedThinkerTalkerRunner(OmniRunnerBase, vllm_api.GPUModelRunner)
         phases.check_row_bounds(rows, num_tokens)
         # Each row's buffer with its runner keys (3.1). (Its request, in ``requests``, is None where
         # unknown: nothing is merged into that row's buffer, 4.1.)
-        row_buffers = phases.stamp_rows(self, rows, journal.buffers)
+        row_buffers = phases.stamp_rows(self, rows, journal.buffers, journal.all_found)
         requests = journal.requests
         preprocess = self.model.preprocess
         width = inputs_embeds.shape[1]

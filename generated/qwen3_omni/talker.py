@@ -207,7 +207,7 @@ class Qwen3OmniTalkerRunner(OmniRunnerBase, vllm_api.GPUModelRunner):
         phases.check_row_bounds(rows, num_tokens)
         # Each row's buffer with its runner keys (3.1). (Its request, in ``requests``, is None where
         # unknown: nothing is merged into that row's buffer, 4.1.)
-        row_buffers = phases.stamp_rows(self, rows, journal.buffers)
+        row_buffers = phases.stamp_rows(self, rows, journal.buffers, journal.all_found)
         requests = journal.requests
         preprocess = self.model.preprocess
         width = inputs_embeds.shape[1]
@@ -218,6 +218,9 @@ class Qwen3OmniTalkerRunner(OmniRunnerBase, vllm_api.GPUModelRunner):
         mtp_width = self.last_talker_hidden.gpu.shape[1]
         # Each MTP row's (or decode batch's) ids, embeddings, last_hidden and text_step.
         mtp_entries: list[tuple[torch.Tensor, ...]] = []
+        # What the row loop checks each MTP row's result against (3.5), bound once.
+        row_shape, tensor_type, absent = (1, width), torch.Tensor, phases.ABSENT
+        floating, integer = phases.FLOATING_DTYPES, phases.INTEGER_DTYPES
         # Each row's slices of the step's ids and embeddings, made together (3.3).
         ids_slices, embeds_slices = phases.row_slices(rows, input_ids, inputs_embeds)
         row_fields = zip(
@@ -238,18 +241,39 @@ class Qwen3OmniTalkerRunner(OmniRunnerBase, vllm_api.GPUModelRunner):
                 phases.note_hook_failure(exc, "preprocess", [req_id])
                 raise
             if decode:
-                # The result is checked (arity, count, width, dtype, types) before anything is written (3.5),
-                # and its MTP inputs taken out of the update: the row's MTP entry is its (ids, embeddings,
-                # last_hidden, text_step).
-                update, mtp_entry = phases.mtp_row_output(req_id, out, width, mtp_width)
+                # The result is checked before anything is written (3.5): an (ids, embeddings, update) tuple
+                # of one integer id, one floating-point row of the step's width and an update whose
+                # mtp_inputs, taken out of it, are two floating-point vectors of the MTP width. Written out
+                # here, not called: this runs on every MTP row of every step, and a call with its returns
+                # costs 1.5k instructions a row (phases.mtp_row_problems says what is wrong).
+                if not (isinstance(out, tuple) and len(out) == 3):
+                    raise ValueError(phases.mtp_row_problems(req_id, out, absent, width, mtp_width))
+                ids_out, embeds_out, update = out
+                mtp_inputs = update.pop("mtp_inputs", absent) if isinstance(update, dict) else absent
+                if not (
+                    isinstance(embeds_out, tensor_type)
+                    and embeds_out.shape == row_shape
+                    and embeds_out.dtype in floating
+                    and isinstance(ids_out, tensor_type)
+                    and ids_out.numel() == 1
+                    and ids_out.dtype in integer
+                    and isinstance(mtp_inputs, tuple)
+                    and len(mtp_inputs) == 2
+                    and isinstance(last_hidden := mtp_inputs[0], tensor_type)
+                    and isinstance(text_step := mtp_inputs[1], tensor_type)
+                    and last_hidden.numel() == mtp_width
+                    and text_step.numel() == mtp_width
+                    and last_hidden.dtype in floating
+                    and text_step.dtype in floating
+                ):
+                    raise ValueError(phases.mtp_row_problems(req_id, out, mtp_inputs, width, mtp_width))
                 # mtp.enabled: a single-token decode row feeds the talker MTP (3.2); its ids are written with
                 # the other MTP rows' after the loop and its embedding is the predictor's (2.3), unless rows
                 # share tokens: then a later row's hook reads what this row writes, in row order.
                 if not rows.disjoint:
-                    ids_out, embeds_out, _, _ = mtp_entry
                     phases.write_into(row_embeds, embeds_out)
                     phases.write_into(row_ids, ids_out)
-                mtp_entries.append(mtp_entry)
+                mtp_entries.append((ids_out, embeds_out, last_hidden, text_step))
                 # The row's update merges into its buffer, which its request mirrors (4.1: nothing for an empty
                 # update or an unknown request, None).
                 if request is not None and update:

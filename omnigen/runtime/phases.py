@@ -167,8 +167,14 @@ def row_slices(
         # about as much as a dozen lines of Python).
         return (input_ids,), (inputs_embeds,)
     if rows.tiled and rows.num_rows >= SPLIT_ROWS:
-        spans = list(map(operator.sub, rows.ends, rows.starts))
         first, last = rows.first_token, rows.end_token
+        # A decode step's rows are one token each: their spans need no subtraction.
+        n = rows.num_rows
+        spans = (
+            [1] * n
+            if rows.single_decode.count(True) == n
+            else list(map(operator.sub, rows.ends, rows.starts))
+        )
         return input_ids[first:last].split(spans), inputs_embeds[first:last].split(spans)
     bounds = list(zip(rows.starts, rows.ends, strict=True))
     return [input_ids[s:e] for s, e in bounds], [inputs_embeds[s:e] for s, e in bounds]
@@ -193,17 +199,19 @@ RUNNER_KEYS = ("request_id", "_omni_prompt_len", "_omni_num_computed_tokens", "_
 """The keys the runner owns in each row's buffer (3.1)."""
 
 
-def stamp_rows(runner: Any, rows: RowPhases, found: list[Any] | None = None) -> list[dict[str, Any]]:
+def stamp_rows(
+    runner: Any, rows: RowPhases, found: list[Any] | None = None, all_found: bool = False
+) -> list[dict[str, Any]]:
     """Each row's buffer, created (and mirrored) where missing by ``runner._request_buffer``, with
     the row's ``RUNNER_KEYS`` written into it (3.1), in row order: what the hooks see. Every row
     is stamped before the first hook runs (a hook sees its own rows' keys either way; a failure
     later in the step is undone by the step's ``StepJournal``). ``found``: the rows' buffers (None
-    where missing) as the step's journal read them, where nothing can have replaced one since;
-    without it they are looked up."""
+    where missing) as the step's journal read them, where nothing can have replaced one since,
+    and ``all_found`` whether the journal found every one; without them they are looked up."""
     row_buffers = (
         found if found is not None else list(map(runner.model_intermediate_buffer.get, rows.req_ids))
     )
-    if None in row_buffers:
+    if not all_found and None in row_buffers:
         row_buffers = [
             runner._request_buffer(req_id) if buffer is None else buffer
             for req_id, buffer in zip(rows.req_ids, row_buffers, strict=True)
@@ -221,7 +229,10 @@ def stamp_rows(runner: Any, rows: RowPhases, found: list[Any] | None = None) -> 
 
 def single_decode_rows(rows: RowPhases) -> tuple[list[str], list[int]]:
     """The request ids and starts of the step's single-token decode rows, in row order: the rows
-    a talker MTP takes (3.2)."""
+    a talker MTP takes (3.2). Where every row is one (a decode step), ``rows``' own lists: the
+    callers only read them, and ``count(True)`` over a list of True is an identity test a row."""
+    if rows.single_decode.count(True) == rows.num_rows:
+        return rows.req_ids, rows.starts
     return (
         list(itertools.compress(rows.req_ids, rows.single_decode)),
         list(itertools.compress(rows.starts, rows.single_decode)),
@@ -320,7 +331,8 @@ def check_row_bounds(phases: RowPhases, num_tokens: int) -> None:
     )
 
 
-_ABSENT = object()
+ABSENT = object()
+"""What a dict or an object did not have (where None may be a value it has)."""
 _IS_DICT = dict.__instancecheck__
 """``isinstance(value, dict)`` as a one-argument C callable (for ``filter``)."""
 MIRROR = "additional_information_cpu"
@@ -360,10 +372,10 @@ def merge_batch_updates(
 
 _Tensor = torch.Tensor
 """``torch.Tensor``, bound once: a per-row check looks it up without going through ``torch``'s module."""
-_INTEGER_DTYPES = frozenset(
+INTEGER_DTYPES = frozenset(
     {torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64, torch.uint16, torch.uint32, torch.uint64}
 )
-_FLOATING_DTYPES = frozenset(
+FLOATING_DTYPES = frozenset(
     dtype for dtype in vars(torch).values() if isinstance(dtype, torch.dtype) and dtype.is_floating_point
 )
 """Every dtype with ``is_floating_point``: a per-row check asks ``dtype in`` it, a set lookup
@@ -404,7 +416,7 @@ def batch_output(
     if (
         isinstance(ids, torch.Tensor)
         and ids.numel() == n
-        and ids.dtype in _INTEGER_DTYPES
+        and ids.dtype in INTEGER_DTYPES
         and isinstance(embeds, torch.Tensor)
         and embeds.shape == (n, width)
         and embeds.is_floating_point()
@@ -452,7 +464,7 @@ def _batch_problems(hook: str, req_ids: list[str], out: Any, width: int, mtp_wid
             f"{_count(got_updates, updates)} updates"
         )
         problems.append(f"{counts} for {n} rows; it must return exactly one of each per row")
-    if isinstance(ids, torch.Tensor) and ids.dtype not in _INTEGER_DTYPES:
+    if isinstance(ids, torch.Tensor) and ids.dtype not in INTEGER_DTYPES:
         problems.append(f"ids of dtype {ids.dtype}, expected an integer dtype")
     elif not isinstance(ids, torch.Tensor):
         problems.append(f"ids of type {type(ids).__name__}, expected a tensor")
@@ -505,20 +517,22 @@ class StepJournal:
         self._generators = dict(generators) if generators else None
         self._req_ids = req_ids
         # Each row's buffer object (None: dropped again), in case a hook replaced it in the map,
-        # and each row's request (None: unknown) with its mirror as it was (_ABSENT: none). The
+        # and each row's request (None: unknown) with its mirror as it was (ABSENT: none). The
         # step's rows use the two lists too (read-only).
         self.buffers = row_buffers = list(map(runner.model_intermediate_buffer.get, req_ids))
+        # Whether every row has a buffer (the common step): ``stamp_rows`` need not look again.
+        self.all_found = all_found = None not in row_buffers
         self.requests = requests = list(map(runner.requests.get, req_ids))
         try:
             # The common step: every request known and mirrored (a specialized attribute read, 0.17k
             # instructions a row against 0.44k for getattr with a default).
             self._mirrors = [request.additional_information_cpu for request in requests]
         except AttributeError:
-            self._mirrors = list(map(getattr, requests, itertools.repeat(MIRROR), itertools.repeat(_ABSENT)))
+            self._mirrors = list(map(getattr, requests, itertools.repeat(MIRROR), itertools.repeat(ABSENT)))
         # Every existing buffer and every dict inside one, and a copy of each. The values are
         # scanned by C calls (a buffer's every value, every row: a Python loop over them cost
         # 4.2k instructions a row at 256 talker rows, this 3.0k).
-        existing = row_buffers if None not in row_buffers else [b for b in row_buffers if b is not None]
+        existing = row_buffers if all_found else [b for b in row_buffers if b is not None]
         inner = filter(_IS_DICT, itertools.chain.from_iterable(map(dict.values, existing)))
         self._saved = saved = [*existing, *inner]
         self._copies = list(map(dict.copy, saved))
@@ -534,7 +548,7 @@ class StepJournal:
         for request, mirror in zip(self.requests, self._mirrors, strict=True):
             if request is None:
                 continue
-            if mirror is _ABSENT:
+            if mirror is ABSENT:
                 with contextlib.suppress(AttributeError):
                     delattr(request, MIRROR)
             else:
@@ -566,11 +580,11 @@ def row_output(req_id: str, out: Any, span: int, width: int, hook: str = "prepro
     """A per-row hook's ``(ids, embeddings, update)``, or a ``ValueError`` naming the request and
     the hook, raised before anything is written (3.5), unless the row got what it needs: ``span``
     embedding rows of ``width`` (floating point), ``span`` integer ids (or None, to keep the
-    scheduled ones), an update dict (or None). A talker-MTP decode row is checked by
-    ``mtp_row_output``.
+    scheduled ones), an update dict (or None). A talker-MTP decode row is checked in the generated
+    row loop itself (``mtp_row_problems`` builds its message).
 
     This runs on every row: the common case is one expression of attribute reads, the dtypes
-    looked up in sets (``t.dtype in _FLOATING_DTYPES``) rather than asked of the tensor (a tensor
+    looked up in sets (``t.dtype in FLOATING_DTYPES``) rather than asked of the tensor (a tensor
     method call costs more than an attribute read: torch releases and takes back the GIL around it);
     the message is built only on failure."""
     if isinstance(out, tuple) and len(out) == 3:
@@ -578,9 +592,9 @@ def row_output(req_id: str, out: Any, span: int, width: int, hook: str = "prepro
         if (
             isinstance(embeds, _Tensor)
             and embeds.shape == (span, width)
-            and embeds.dtype in _FLOATING_DTYPES
+            and embeds.dtype in FLOATING_DTYPES
             and (
-                ids.numel() == span and ids.dtype in _INTEGER_DTYPES
+                ids.numel() == span and ids.dtype in INTEGER_DTYPES
                 if isinstance(ids, _Tensor)
                 else ids is None
             )
@@ -590,36 +604,13 @@ def row_output(req_id: str, out: Any, span: int, width: int, hook: str = "prepro
     raise ValueError(_row_problems(req_id, out, span, width, None, hook))
 
 
-def mtp_row_output(req_id: str, out: Any, width: int, mtp_width: int) -> Any:
-    """``row_output`` of a talker-MTP decode row (one token, ``mtp_width`` given), its MTP inputs
-    taken out of its update: ``(update, (ids, embeddings, last_hidden, text_step))``, the row's
-    MTP entry kept as one tuple (the step transposes its rows' entries once), or the same
-    ``ValueError``. The same checks, in one expression with ``_mtp_inputs_ok``'s: this runs on
-    every MTP row of every step."""
-    if isinstance(out, tuple) and len(out) == 3:
-        ids, embeds, update = out
-        # Taken out at once (one dict operation, not a look-up and a delete), put back on failure.
-        pair = update.pop("mtp_inputs", _ABSENT) if isinstance(update, dict) else _ABSENT
-        if (
-            isinstance(embeds, _Tensor)
-            and embeds.shape == (1, width)
-            and embeds.dtype in _FLOATING_DTYPES
-            and isinstance(ids, _Tensor)
-            and ids.numel() == 1
-            and ids.dtype in _INTEGER_DTYPES
-            and isinstance(pair, tuple)
-            and len(pair) == 2
-            and isinstance(last_hidden := pair[0], _Tensor)
-            and isinstance(text_step := pair[1], _Tensor)
-            and last_hidden.numel() == mtp_width
-            and text_step.numel() == mtp_width
-            and last_hidden.dtype in _FLOATING_DTYPES
-            and text_step.dtype in _FLOATING_DTYPES
-        ):
-            return update, (ids, embeds, last_hidden, text_step)
-        if pair is not _ABSENT:
-            update["mtp_inputs"] = pair
-    raise ValueError(_row_problems(req_id, out, 1, width, mtp_width, "preprocess"))
+def mtp_row_problems(req_id: str, out: Any, mtp_inputs: Any, width: int, mtp_width: int) -> str:
+    """The message of a talker-MTP decode row's bad result (one token, ``mtp_width`` given): the
+    generated row loop checks such a result in line, as ``row_output`` checks another row's, and
+    has taken ``mtp_inputs`` (``ABSENT``: none) out of its update, so it is put back first."""
+    if mtp_inputs is not ABSENT:
+        out[2]["mtp_inputs"] = mtp_inputs
+    return _row_problems(req_id, out, 1, width, mtp_width, "preprocess")
 
 
 def _row_problems(req_id: str, out: Any, span: int, width: int, mtp_width: int | None, hook: str) -> str:
@@ -634,7 +625,7 @@ def _row_problems(req_id: str, out: Any, span: int, width: int, mtp_width: int |
     if not (isinstance(embeds, _Tensor) and embeds.shape == (span, width) and embeds.dtype.is_floating_point):
         problems.append(f"embeddings {_describe(embeds)}, expected ({span}, {width}) floating point")
     if isinstance(ids, _Tensor):
-        if ids.numel() != span or ids.dtype not in _INTEGER_DTYPES:
+        if ids.numel() != span or ids.dtype not in INTEGER_DTYPES:
             problems.append(
                 f"{ids.numel()} ids of dtype {ids.dtype}, expected {span} integer ids{_ids_hint(mtp_width)}"
             )
