@@ -86,6 +86,9 @@ def test_a_bad_per_row_result_undoes_the_step(variant, fault, recorder, ctx, gra
         assert f"raised by model.preprocess for request {third};" in message
     else:
         assert f"request {third}: model.preprocess returned" in message
+        # The check that refused the result (in the generated row loop for a talker-MTP row) and
+        # the message saying why agree: the message names a problem.
+        assert message.split("model.preprocess returned", 1)[1].strip(" ;"), message
     if fault.startswith("arity") or fault in ("not_a_tuple", "none"):
         assert "expected a 3-tuple (ids, embeddings, update)" in message
 
