@@ -64,6 +64,12 @@ class RowPhases:
     def num_rows(self) -> int:
         return len(self.req_ids)
 
+    @property
+    def all_single_decode(self) -> bool:
+        """Every row is a single-token decode (a decode step). ``count(True)`` over a list of True
+        is an identity test a row."""
+        return self.single_decode.count(True) == len(self.req_ids)
+
 
 VECTOR_ROWS = 16
 """From this many rows on, a step's rows are read with numpy vector operations; below it, with
@@ -170,11 +176,7 @@ def row_slices(
         first, last = rows.first_token, rows.end_token
         # A decode step's rows are one token each: their spans need no subtraction.
         n = rows.num_rows
-        spans = (
-            [1] * n
-            if rows.single_decode.count(True) == n
-            else list(map(operator.sub, rows.ends, rows.starts))
-        )
+        spans = [1] * n if rows.all_single_decode else list(map(operator.sub, rows.ends, rows.starts))
         return input_ids[first:last].split(spans), inputs_embeds[first:last].split(spans)
     bounds = list(zip(rows.starts, rows.ends, strict=True))
     return [input_ids[s:e] for s, e in bounds], [inputs_embeds[s:e] for s, e in bounds]
@@ -230,8 +232,8 @@ def stamp_rows(
 def single_decode_rows(rows: RowPhases) -> tuple[list[str], list[int]]:
     """The request ids and starts of the step's single-token decode rows, in row order: the rows
     a talker MTP takes (3.2). Where every row is one (a decode step), ``rows``' own lists: the
-    callers only read them, and ``count(True)`` over a list of True is an identity test a row."""
-    if rows.single_decode.count(True) == rows.num_rows:
+    callers only read them."""
+    if rows.all_single_decode:
         return rows.req_ids, rows.starts
     return (
         list(itertools.compress(rows.req_ids, rows.single_decode)),
