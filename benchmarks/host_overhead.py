@@ -20,7 +20,8 @@ batched decode (the 3-tuple hook, on the Higgs talker as the differential tests 
 per-row hooks + MTP (qwen3_omni talker) and the same with seeded rows (one predictor call per
 seeded row). Each runs as all-decode steps and as a mixed step (every eighth row a prefill chunk
 of ``PREFILL_CHUNK`` tokens, so decode runs are split and per-row hooks run among them).
-The marginal cost is the slope between the two largest batches, in µs per added request.
+Every repeat runs every batch size (``measure_batches``). The marginal cost is the slope between
+the two largest batches, in µs per added request: the median of each repeat's own slope.
 """
 
 from __future__ import annotations
@@ -31,9 +32,11 @@ import cProfile
 import functools
 import gc
 import pstats
+import random
 import statistics
 import sys
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -173,6 +176,8 @@ class HookRecorder:
         self.model = model
         self.runner = runner
         self.calls: list[tuple[object, tuple, dict]] = []
+        self.step_ends: list[int] = []
+        """How many calls were recorded by the end of each measured step (``_drive`` marks them)."""
 
     def _wrap(self, fn):
         """``fn``, its calls recorded."""
@@ -217,6 +222,10 @@ class HookRecorder:
             yield self
         finally:
             self.uninstall(saved)
+
+    def step_calls(self, step: int) -> list[tuple[object, tuple, dict]]:
+        """The calls the ``step``-th measured step made."""
+        return self.calls[self.step_ends[step - 1] if step else 0 : self.step_ends[step]]
 
     def replay_seconds(self, times: int = 1) -> float:
         """This thread's seconds to make every recorded call ``times`` over (the GC heap frozen,
@@ -386,9 +395,75 @@ def _drive(prep: _Prepared, profiler: cProfile.Profile | None = None) -> float:
                 total += _clock() - start
                 if profiler is not None:
                     profiler.disable()
+                if prep.recorder is not None:
+                    prep.recorder.step_ends.append(len(prep.recorder.calls))
     finally:
         gc.unfreeze()
     return total
+
+
+@dataclass
+class _Lane:
+    """One runner's measured steps in an interleaved run: its steps, the recorded hook calls of
+    the same steps (replayed right after each step, to time them), and the mechanisms it runs
+    without (``ablate``)."""
+
+    prep: _Prepared
+    recorded: HookRecorder
+    ablation: tuple[str, ...] = ()
+
+    @property
+    def steps(self) -> int:
+        return len(self.prep.outputs)
+
+    def run_step(self, k: int) -> tuple[float, float]:
+        """Step ``k``: seconds in ``_preprocess`` less its hooks' replay, seconds in the replay."""
+        s, sched = self.prep.outputs[k]
+        runner = self.prep.runner
+        harness._apply_step(runner, self.prep.state, s)
+        saved = ablate(list(self.ablation))
+        try:
+            start = _clock()
+            runner._preprocess(sched, s.num_input_tokens)
+            spent = _clock() - start
+        finally:
+            restore(saved)
+        calls = self.recorded.step_calls(k)
+        start = _clock()
+        for fn, args, kwargs in calls:
+            fn(*args, **kwargs)
+        inside = _clock() - start
+        return spent - inside, inside
+
+
+def _drive_interleaved(lanes: Sequence[_Lane]) -> list[tuple[float, float]]:
+    """Each lane's seconds in ``_preprocess`` (hooks excluded) and in the model's hooks over its
+    steps, the lanes taking turns a step at a time: step k of every lane, then step k + 1. A
+    shared machine's speed changes within seconds (seen here: 1.1 against 2.2 µs a request for
+    the same loop a few seconds apart), so figures that are compared, two runners' or two batch
+    sizes', are measured within milliseconds of each other.
+
+    A step runs in the caches the step before it left, another lane's (as in vLLM, where the
+    forward pass and the scheduler run between two steps of a runner): a lane that always
+    followed the same other lane would pay for that lane's footprint every time (0.5 µs a
+    request at B = 256 measured for omnigen after vllm-omni's step, against after its own). The
+    lanes' order is drawn anew for every k (seeded: a rerun takes the same turns), so no lane
+    always follows the same one."""
+    totals = [0.0] * len(lanes)
+    hooks = [0.0] * len(lanes)
+    turns = random.Random(0)
+    freeze_gc_heap()
+    try:
+        with step_mode():
+            for k in range(max(lane.steps for lane in lanes)):
+                for i in turns.sample(range(len(lanes)), len(lanes)):
+                    if k < lanes[i].steps:
+                        own, inside = lanes[i].run_step(k)
+                        totals[i] += own
+                        hooks[i] += inside
+    finally:
+        gc.unfreeze()
+    return list(zip(totals, hooks, strict=True))
 
 
 def _recorded_hooks(cls, policy, extra, scen, plan, hooks: str) -> HookRecorder:
@@ -405,6 +480,7 @@ class _NoJournal:
 
     def __init__(self, runner, req_ids, *inputs) -> None:
         self.buffers = list(map(runner.model_intermediate_buffer.get, req_ids))
+        self.all_found = None not in self.buffers
         self.requests = list(map(runner.requests.get, req_ids))
 
     def undo(self) -> None:
@@ -525,40 +601,84 @@ def measure(
     hooks: str = "trivial",
     without: tuple[str, ...] = (),
 ) -> dict[str, float]:
-    """µs per request per step for both runners: runner-only (hooks excluded) and hooks.
+    """µs per request per step for both runners at one ``batch``: ``measure_batches`` of one."""
+    return measure_batches(
+        cell, [batch], lambda _: steps, repeats, mixed=mixed, hooks=hooks, without=without
+    )[batch]
+
+
+def measure_batches(
+    cell: Cell,
+    batches: list[int],
+    steps_of: Callable[[int], int],
+    repeats: int,
+    *,
+    mixed: bool = False,
+    hooks: str = "trivial",
+    without: tuple[str, ...] = (),
+) -> dict[int, dict[str, float]]:
+    """µs per request per step for both runners at each of ``batches`` (``steps_of(batch)`` steps
+    each): runner-only (hooks excluded) and hooks, medians over ``repeats``.
+
+    Every repeat runs every batch size with every runner, taking turns a step at a time
+    (``_drive_interleaved``), so a change in the shared machine's speed moves all of a repeat's
+    figures together. With two batch sizes or more, the largest's figures also hold the marginal
+    cost (``NAME_marginal_us``): the median of each repeat's own slope between the two largest
+    batches, not the slope between two medians.
 
     ``without``: mechanisms of ``_ablations()`` (or ``"all"``: every one of them at once); omnigen
     also runs without each of them in turn, interleaved with the two runners in every repeat
     (``without_NAME_us``)."""
-    _room(batch, mixed)
+    for batch in batches:
+        _room(batch, mixed)
     policy, ours, oracle, extra = _classes(cell)
-    scen, plan = scenario(batch, steps, mixed=mixed, seeded_share=cell.seeded_share)
     sides = [("oracle", oracle, ()), ("omnigen", ours, ())]
     every = tuple(name for name in _ablations() if name not in NOT_CLAUSES)
     sides += [(f"without_{name}", ours, every if name == "all" else (name,)) for name in without]
-    samples: dict[str, list[tuple[float, float]]] = {name: [] for name, _, _ in sides}
-    per = 1e6 / (steps * batch)
+    scenarios = {
+        batch: scenario(batch, steps_of(batch), mixed=mixed, seeded_share=cell.seeded_share)
+        for batch in batches
+    }
+    names = [name for name, _, _ in sides]
+    samples: dict[tuple[int, str], list[tuple[float, float]]] = {
+        (batch, name): [] for batch in batches for name in names
+    }
     with harness.harness_patches(extra):
         # Each runner's hook calls, recorded once; in every repeat the steps run unwrapped and the
         # recorded calls are replayed (an ablated omnigen makes omnigen's calls).
         recorded = {
-            name: _recorded_hooks(cls, policy, extra, scen, plan, hooks) for name, cls, _ in sides[:2]
+            (batch, name): _recorded_hooks(cls, policy, extra, *scenarios[batch], hooks)
+            for batch in batches
+            for name, cls, _ in sides[:2]
         }
         for _ in range(repeats):
-            for name, cls, ablation in sides:
-                saved = ablate(list(ablation))
-                try:
-                    total = _drive(_prepare(cls, policy, extra, scen, plan, hooks))
-                finally:
-                    restore(saved)
-                inside = recorded["oracle" if name == "oracle" else "omnigen"].replay_seconds()
-                samples[name].append(((total - inside) * per, inside * per))
-    result: dict[str, float] = {}
-    for name, values in samples.items():
-        result[f"{name}_us"] = statistics.median(v[0] for v in values)
-        result[f"{name}_hook_us"] = statistics.median(v[1] for v in values)
-    result["ratio"] = result["omnigen_us"] / result["oracle_us"]
-    return result
+            lanes: dict[tuple[int, str], _Lane] = {}
+            for batch in batches:
+                for name, cls, ablation in sides:
+                    prep = _prepare(cls, policy, extra, *scenarios[batch], hooks)
+                    runner = "oracle" if name == "oracle" else "omnigen"
+                    lanes[batch, name] = _Lane(prep, recorded[batch, runner], ablation)
+            figures = _drive_interleaved(list(lanes.values()))
+            for (batch, name), (runner_s, hooks_s) in zip(lanes, figures, strict=True):
+                per = 1e6 / (steps_of(batch) * batch)
+                samples[batch, name].append((runner_s * per, hooks_s * per))
+    results: dict[int, dict[str, float]] = {}
+    for batch in batches:
+        result = results[batch] = {}
+        for name in names:
+            values = samples[batch, name]
+            result[f"{name}_us"] = statistics.median(v[0] for v in values)
+            result[f"{name}_hook_us"] = statistics.median(v[1] for v in values)
+        result["ratio"] = result["omnigen_us"] / result["oracle_us"]
+    if len(batches) >= 2:
+        lo, hi = sorted(batches)[-2:]
+        for name in names:
+            slopes = [
+                (high[0] * hi - low[0] * lo) / (hi - lo)
+                for low, high in zip(samples[lo, name], samples[hi, name], strict=True)
+            ]
+            results[hi][f"{name}_marginal_us"] = statistics.median(slopes)
+    return results
 
 
 def hook_timing_check(cells: list[str], batch: int, steps: int, repeats: int, min_rows: int) -> None:
@@ -693,32 +813,26 @@ def table(
     for key in cells:
         cell = CELLS[key]
         for shape in shapes:
-            found = {}
-            for batch in batches:
-                r = measure(
-                    cell,
-                    batch,
-                    steps_for(batch, steps, min_rows),
-                    repeats,
-                    mixed=shape == "mixed",
-                    hooks=hooks,
-                )
-                found[batch] = r
+            found = measure_batches(
+                cell,
+                batches,
+                lambda batch: steps_for(batch, steps, min_rows),
+                repeats,
+                mixed=shape == "mixed",
+                hooks=hooks,
+            )
+            for batch, r in found.items():
                 rows.append({"cell": key, "shape": shape, "batch": batch, **r})
                 print(
                     f"{cell.label:42} {shape:6} {batch:>4} {r['oracle_us']:>8.2f} {r['omnigen_us']:>8.2f}"
                     f" {r['ratio']:>6.3f} {r['oracle_hook_us']:>9.2f} {r['omnigen_hook_us']:>9.2f}",
                     flush=True,
                 )
-            big = sorted(found)[-2:]
-            if len(big) == 2:
-                lo, hi = big
-                for name in ("oracle", "omnigen"):
-                    slope = (found[hi][f"{name}_us"] * hi - found[lo][f"{name}_us"] * lo) / (hi - lo)
-                    rows[-1][f"{name}_marginal_us"] = slope
+            if len(found) >= 2:
+                lo, hi = sorted(found)[-2:]
                 print(
-                    f"{'':42} {'':6} marginal µs/request B {lo}->{hi}: oracle "
-                    f"{rows[-1]['oracle_marginal_us']:.2f}, omnigen {rows[-1]['omnigen_marginal_us']:.2f}",
+                    f"{'':42} {'':6} marginal µs/request B {lo}->{hi} (median of paired slopes): oracle "
+                    f"{found[hi]['oracle_marginal_us']:.2f}, omnigen {found[hi]['omnigen_marginal_us']:.2f}",
                     flush=True,
                 )
     return rows

@@ -237,3 +237,23 @@ def test_hook_recorder_records_every_hook_and_predictor_call_then_puts_the_model
     ]
     assert recorder.replay_seconds(3) >= 0
     assert replayed == [(args, kwargs) for _, args, kwargs in recorder.calls] * 3
+
+
+@every_cell
+def test_a_floor_is_timed_with_the_hooks_returning_at_once_then_put_back(step):
+    """A floor's time is its own (positive, however cheap: nothing is subtracted), and the model's
+    hooks are its own again afterwards."""
+    model = step.model
+    names = ("preprocess", "preprocess_decode_batch", "talker_mtp")
+    before = {name: model.__dict__.get(name) for name in names}
+    seen = []
+    floor = floors.FLOORS["row_hook_calls" if step.row_results else "hook_calls"][1]
+
+    def calls_the_model(step):
+        hooks = [getattr(model, name, None) for name in names]
+        seen.append(all(hook is None or hook is floors._return_at_once for hook in hooks))
+        floor(step)
+
+    assert floors.us_per_request(calls_the_model, step, number=2) > 0
+    assert seen and all(seen)
+    assert {name: model.__dict__.get(name) for name in names} == before

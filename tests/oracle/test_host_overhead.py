@@ -1,0 +1,100 @@
+"""benchmarks/host_overhead.py: the runners' steps interleaved a step at a time, each step's hook
+calls replayed right after it, and every contract mechanism's ablation runnable (a diagnostic that
+fails to run measures nothing)."""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from collections.abc import Iterator
+
+import pytest
+
+from benchmarks import host_overhead
+from tests.oracle import harness
+
+pytestmark = pytest.mark.oracle
+
+STEPS = 3
+
+
+@contextlib.contextmanager
+def _lanes(cell: host_overhead.Cell, batches: list[int]) -> Iterator[list[host_overhead._Lane]]:
+    """Both runners' lanes at each of ``batches``, inside the harness's patches (as measured)."""
+    for batch in batches:
+        host_overhead._room(batch, False)
+    policy, ours, oracle, extra = host_overhead._classes(cell)
+    lanes = []
+    with harness.harness_patches(extra):
+        for batch in batches:
+            scen, plan = host_overhead.scenario(batch, STEPS, mixed=False, seeded_share=0.0)
+            for cls in (oracle, ours):
+                recorded = host_overhead._recorded_hooks(cls, policy, extra, scen, plan, "trivial")
+                prep = host_overhead._prepare(cls, policy, extra, scen, plan)
+                lanes.append(host_overhead._Lane(prep, recorded))
+        yield lanes
+
+
+def test_lanes_take_turns_a_step_at_a_time_each_step_once_in_order():
+    order = []
+    with _lanes(host_overhead.CELLS["plain"], [4, 8]) as lanes:
+        for index, lane in enumerate(lanes):
+            runner = lane.prep.runner
+            original = runner._preprocess
+
+            def preprocess(sched, num_tokens, *args, _index=index, _original=original, **kwargs):
+                order.append((_index, sched))
+                return _original(sched, num_tokens, *args, **kwargs)
+
+            runner._preprocess = preprocess
+        figures = host_overhead._drive_interleaved(lanes)
+    assert len(order) == STEPS * len(lanes)
+    for k in range(STEPS):
+        turn = order[k * len(lanes) : (k + 1) * len(lanes)]
+        # Step k of every lane before any lane's step k + 1, each lane's k-th prepared output.
+        assert sorted(index for index, _ in turn) == list(range(len(lanes)))
+        assert all(sched is lanes[index].prep.outputs[k][1] for index, sched in turn)
+    # The turns are drawn anew: no lane always follows the same one.
+    firsts = {order[k * len(lanes)][0] for k in range(STEPS)}
+    orders = {tuple(index for index, _ in order[k * len(lanes) : (k + 1) * len(lanes)]) for k in range(STEPS)}
+    assert len(orders) > 1 or len(firsts) > 1
+    assert all(runner_s > 0 and hooks_s > 0 for runner_s, hooks_s in figures)
+
+
+def test_each_step_replays_the_hook_calls_that_step_made():
+    with _lanes(host_overhead.CELLS["omni_talker"], [4]) as (lane, *_):
+        recorded = lane.recorded
+    assert len(recorded.step_ends) == STEPS
+    per_step = [recorded.step_calls(k) for k in range(STEPS)]
+    assert [call for calls in per_step for call in calls] == recorded.calls
+    # A per-row talker step calls the row hook once a row and the predictor once.
+    assert [len(calls) for calls in per_step] == [4 + 1] * STEPS
+
+
+def test_the_marginal_cost_is_each_repeats_own_slope_between_the_two_largest_batches(monkeypatch):
+    figures = iter(
+        [
+            # repeat 1: (oracle 4, omnigen 4, oracle 8, omnigen 8) as (runner s, hook s) per lane
+            [(4.0, 1.0), (2.0, 1.0), (8.0, 1.0), (3.0, 1.0)],
+            # repeat 2: the machine twice as slow
+            [(8.0, 1.0), (4.0, 1.0), (16.0, 1.0), (6.0, 1.0)],
+            [(4.0, 1.0), (2.0, 1.0), (8.0, 1.0), (3.0, 1.0)],
+        ]
+    )
+    monkeypatch.setattr(host_overhead, "_drive_interleaved", lambda lanes: next(figures))
+    found = host_overhead.measure_batches(host_overhead.CELLS["plain"], [4, 8], lambda _: 1, 3)
+    per = {4: 1e6 / 4, 8: 1e6 / 8}
+    # omnigen's slopes: (3 - 2) s over 4 more requests, then (6 - 4) over 4: median 1 s / 4.
+    assert found[8]["omnigen_marginal_us"] == pytest.approx(1.0 / 4 * 1e6)
+    assert found[8]["oracle_marginal_us"] == pytest.approx(4.0 / 4 * 1e6)
+    assert found[4]["omnigen_us"] == pytest.approx(2.0 * per[4])
+    assert found[8]["ratio"] == pytest.approx(3.0 / 8.0)
+    assert "omnigen_marginal_us" not in found[4]
+
+
+@pytest.mark.parametrize("cell", ["plain", "omni_talker"])
+def test_every_ablation_runs(cell):
+    names = (*host_overhead._ablations(), "all")
+    r = host_overhead.measure(host_overhead.CELLS[cell], 4, 2, 1, without=names)
+    for name in ("oracle", "omnigen", *(f"without_{name}" for name in names)):
+        assert math.isfinite(r[f"{name}_us"]) and r[f"{name}_hook_us"] > 0
