@@ -25,11 +25,11 @@ than the budget, the target cannot be met without changing the contract. Floors 
 benchmark measures, the model's hooks returning at once (a hook's own time is not a runner's),
 and they leave work out rather than add any (the journal's does not look at the mirrors, no
 floor counts the step's fixed costs or the GC): an "out of reach" holds, a "within reach" is
-optimistic: timed alone, a floor runs in caches its own loop keeps warm. (Timed as a lane among
-the runners' steps, ``host_overhead._drive_interleaved``, a floor's Python loops over cold
-buffers came out slower than omnigen's C-level passes: 6.1 µs a request against 4.3-5.3 for
-qwen3_tts at B = 256, so a floor timed that way bounds nothing.) The same bound against
-``MARGINAL_TARGET`` answers the marginal-cost target.
+optimistic: timed alone, a floor runs in caches its own loop keeps warm. (Timed as a lane taking
+turns with the runners a step at a time, as ``host_overhead --cold-caches`` runs them, a floor's
+Python loops over cold buffers came out slower than omnigen's C-level passes: 6.1 µs a request
+against 4.3-5.3 for qwen3_tts at B = 256, so a floor timed that way bounds nothing.) The same
+bound against ``MARGINAL_TARGET`` answers the marginal-cost target.
 """
 
 from __future__ import annotations

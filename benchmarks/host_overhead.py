@@ -20,8 +20,9 @@ batched decode (the 3-tuple hook, on the Higgs talker as the differential tests 
 per-row hooks + MTP (qwen3_omni talker) and the same with seeded rows (one predictor call per
 seeded row). Each runs as all-decode steps and as a mixed step (every eighth row a prefill chunk
 of ``PREFILL_CHUNK`` tokens, so decode runs are split and per-row hooks run among them).
-Every repeat runs every batch size (``measure_batches``). The marginal cost is the slope between
-the two largest batches, in µs per added request: the median of each repeat's own slope.
+Every repeat runs every batch size and runner (``measure_batches``: a block each, in a drawn
+order; ``--cold-caches``: a step at a time). The marginal cost is the slope between the two
+largest batches, in µs per added request: the median of each repeat's own slope.
 """
 
 from __future__ import annotations
@@ -61,6 +62,13 @@ INFERENCE_MODE = True
 decorated with it), where a tensor skips its version counter and autograd bookkeeping: the
 benchmarks run every step, floor and hook replay the same way (``step_mode``).
 ``--outside-inference-mode`` runs them outside it, as they ran before 2026-12-03."""
+
+
+COLD_CACHES = False
+"""``--cold-caches``: the runners take turns a step at a time, so a step finds the caches another
+runner's step left (in vLLM the forward pass and the scheduler run between two steps of a
+runner); by default each runner's steps of a repeat run in one block, each step in the caches
+its own previous step left, as the issue's harness measured."""
 
 
 def step_mode() -> torch.inference_mode:
@@ -438,29 +446,38 @@ class _Lane:
 
 def _drive_interleaved(lanes: Sequence[_Lane]) -> list[tuple[float, float]]:
     """Each lane's seconds in ``_preprocess`` (hooks excluded) and in the model's hooks over its
-    steps, the lanes taking turns a step at a time: step k of every lane, then step k + 1. A
-    shared machine's speed changes within seconds (seen here: 1.1 against 2.2 µs a request for
-    the same loop a few seconds apart), so figures that are compared, two runners' or two batch
-    sizes', are measured within milliseconds of each other.
+    steps, every lane in every call, in an order drawn anew each time (seeded: a rerun takes the
+    same turns): each lane's steps in one block, or with ``COLD_CACHES`` a step at a time, step k
+    of every lane before step k + 1. A shared machine's speed changes within seconds (seen here:
+    1.1 against 2.2 µs a request for the same loop a few seconds apart), so figures that are
+    compared, two runners' or two batch sizes', are measured within a repeat, seconds (blocks) or
+    milliseconds (steps) apart, not minutes.
 
-    A step runs in the caches the step before it left, another lane's (as in vLLM, where the
-    forward pass and the scheduler run between two steps of a runner): a lane that always
-    followed the same other lane would pay for that lane's footprint every time (0.5 µs a
-    request at B = 256 measured for omnigen after vllm-omni's step, against after its own). The
-    lanes' order is drawn anew for every k (seeded: a rerun takes the same turns), so no lane
-    always follows the same one."""
+    A step runs in the caches the step before it left. In blocks that is its own previous step
+    (warm, as the issue's harness measured); a step at a time, another lane's, so that in vLLM's
+    terms the forward pass and the scheduler ran between two steps of a runner (cold). The order
+    is drawn so that no lane always follows the same one: one that did would pay for that lane's
+    footprint every time (0.5 µs a request at B = 256 measured for omnigen after vllm-omni's
+    step, against after its own)."""
     totals = [0.0] * len(lanes)
     hooks = [0.0] * len(lanes)
     turns = random.Random(0)
+    if COLD_CACHES:
+        order = [
+            (i, k)
+            for k in range(max(lane.steps for lane in lanes))
+            for i in turns.sample(range(len(lanes)), len(lanes))
+            if k < lanes[i].steps
+        ]
+    else:
+        order = [(i, k) for i in turns.sample(range(len(lanes)), len(lanes)) for k in range(lanes[i].steps)]
     freeze_gc_heap()
     try:
         with step_mode():
-            for k in range(max(lane.steps for lane in lanes)):
-                for i in turns.sample(range(len(lanes)), len(lanes)):
-                    if k < lanes[i].steps:
-                        own, inside = lanes[i].run_step(k)
-                        totals[i] += own
-                        hooks[i] += inside
+            for i, k in order:
+                own, inside = lanes[i].run_step(k)
+                totals[i] += own
+                hooks[i] += inside
     finally:
         gc.unfreeze()
     return list(zip(totals, hooks, strict=True))
@@ -620,11 +637,11 @@ def measure_batches(
     """µs per request per step for both runners at each of ``batches`` (``steps_of(batch)`` steps
     each): runner-only (hooks excluded) and hooks, medians over ``repeats``.
 
-    Every repeat runs every batch size with every runner, taking turns a step at a time
-    (``_drive_interleaved``), so a change in the shared machine's speed moves all of a repeat's
-    figures together. With two batch sizes or more, the largest's figures also hold the marginal
-    cost (``NAME_marginal_us``): the median of each repeat's own slope between the two largest
-    batches, not the slope between two medians.
+    Every repeat runs every batch size with every runner (``_drive_interleaved``: a block each, or
+    a step at a time with ``COLD_CACHES``), so a change in the shared machine's speed moves all of
+    a repeat's figures together. With two batch sizes or more, the largest's figures also hold the
+    marginal cost (``NAME_marginal_us``): the median of each repeat's own slope between the two
+    largest batches, not the slope between two medians.
 
     ``without``: mechanisms of ``_ablations()`` (or ``"all"``: every one of them at once); omnigen
     also runs without each of them in turn, interleaved with the two runners in every repeat
@@ -855,6 +872,10 @@ def main() -> None:
     parser.add_argument("--clock", choices=["thread", "wall"], default="thread")
     add_step_mode_argument(parser)
     parser.add_argument(
+        "--cold-caches", action="store_true",
+        help="the runners take turns a step at a time (each step in another runner's caches), not a block each",
+    )  # fmt: skip
+    parser.add_argument(
         "--ablate", nargs="+", default=[], choices=list(_ablations()),
         help="diagnostics: omnigen without one contract mechanism, to measure what it costs",
     )  # fmt: skip
@@ -872,6 +893,8 @@ def main() -> None:
     )  # fmt: skip
     args = parser.parse_args()
     set_step_mode(args)
+    global COLD_CACHES
+    COLD_CACHES = args.cold_caches
     ablate(args.ablate)
     if args.collections:
         collections(args.cells, args.batch[0], args.steps)

@@ -1,6 +1,7 @@
-"""benchmarks/host_overhead.py: the runners' steps interleaved a step at a time, each step's hook
-calls replayed right after it, and every contract mechanism's ablation runnable (a diagnostic that
-fails to run measures nothing)."""
+"""benchmarks/host_overhead.py: every runner and batch size in every repeat (a block each, or a
+step at a time with cold caches), each step's hook calls replayed right after it, the marginal
+cost a median of paired slopes, and every contract mechanism's ablation runnable (a diagnostic
+that fails to run measures nothing)."""
 
 from __future__ import annotations
 
@@ -35,7 +36,10 @@ def _lanes(cell: host_overhead.Cell, batches: list[int]) -> Iterator[list[host_o
         yield lanes
 
 
-def test_lanes_take_turns_a_step_at_a_time_each_step_once_in_order():
+def _steps_in_turn(cold: bool, monkeypatch) -> tuple[list, list, list]:
+    """The lanes (both runners at B 4 and 8) driven once: ``(lane, scheduler output)`` in the order
+    their steps ran, the lanes, and each lane's figures."""
+    monkeypatch.setattr(host_overhead, "COLD_CACHES", cold)
     order = []
     with _lanes(host_overhead.CELLS["plain"], [4, 8]) as lanes:
         for index, lane in enumerate(lanes):
@@ -48,17 +52,32 @@ def test_lanes_take_turns_a_step_at_a_time_each_step_once_in_order():
 
             runner._preprocess = preprocess
         figures = host_overhead._drive_interleaved(lanes)
-    assert len(order) == STEPS * len(lanes)
-    for k in range(STEPS):
-        turn = order[k * len(lanes) : (k + 1) * len(lanes)]
+    assert all(runner_s > 0 and hooks_s > 0 for runner_s, hooks_s in figures)
+    return order, lanes, figures
+
+
+def test_cold_lanes_take_turns_a_step_at_a_time_each_step_once_in_order(monkeypatch):
+    order, lanes, _ = _steps_in_turn(True, monkeypatch)
+    n = len(lanes)
+    assert len(order) == STEPS * n
+    turns = [order[k * n : (k + 1) * n] for k in range(STEPS)]
+    for k, turn in enumerate(turns):
         # Step k of every lane before any lane's step k + 1, each lane's k-th prepared output.
-        assert sorted(index for index, _ in turn) == list(range(len(lanes)))
+        assert sorted(index for index, _ in turn) == list(range(n))
         assert all(sched is lanes[index].prep.outputs[k][1] for index, sched in turn)
     # The turns are drawn anew: no lane always follows the same one.
-    firsts = {order[k * len(lanes)][0] for k in range(STEPS)}
-    orders = {tuple(index for index, _ in order[k * len(lanes) : (k + 1) * len(lanes)]) for k in range(STEPS)}
-    assert len(orders) > 1 or len(firsts) > 1
-    assert all(runner_s > 0 and hooks_s > 0 for runner_s, hooks_s in figures)
+    assert len({tuple(index for index, _ in turn) for turn in turns}) > 1
+
+
+def test_warm_lanes_run_their_steps_in_one_block_each_in_order(monkeypatch):
+    order, lanes, _ = _steps_in_turn(False, monkeypatch)
+    n = len(lanes)
+    blocks = [order[i * STEPS : (i + 1) * STEPS] for i in range(n)]
+    assert sorted(block[0][0] for block in blocks) == list(range(n))
+    for block in blocks:
+        index = block[0][0]
+        assert [sched for _, sched in block] == [sched for _, sched in lanes[index].prep.outputs]
+        assert {i for i, _ in block} == {index}
 
 
 def test_each_step_replays_the_hook_calls_that_step_made():
