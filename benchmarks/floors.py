@@ -605,26 +605,20 @@ def us_per_request(fn: Callable[[Step], Any], step: Step, number: int = 20) -> f
 @contextlib.contextmanager
 def _returning_at_once(model: Any) -> Iterator[None]:
     """The model's hooks (``host_overhead.HOOKS``) and code predictor replaced by a function that
-    takes any arguments and returns None, then put back."""
+    takes any arguments and returns None, then put back (as ``HookRecorder`` puts back its
+    wrappers)."""
     names = [name for name in (*host_overhead.HOOKS, "talker_mtp") if callable(getattr(model, name, None))]
-    saved = {name: model.__dict__.get(name, _ABSENT) for name in names}
+    saved = [(model, name, model.__dict__.get(name, host_overhead._ABSENT)) for name in names]
     for name in names:
         setattr(model, name, _return_at_once)
     try:
         yield
     finally:
-        for name, value in saved.items():
-            if value is _ABSENT:
-                delattr(model, name)
-            else:
-                setattr(model, name, value)
+        host_overhead.HookRecorder.uninstall(saved)
 
 
 def _return_at_once(*args: Any, **kwargs: Any) -> None:
     return None
-
-
-_ABSENT = object()
 
 
 def run(cells: list[str], batch: int, repeats: int, steps: int) -> list[dict[str, Any]]:

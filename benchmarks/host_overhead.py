@@ -545,6 +545,9 @@ def _ablations() -> dict[str, tuple[str, list[tuple[object, str, object]]]]:
 
 def ablate(names: list[str]) -> list[tuple[object, str, object]]:
     """Switch off each named mechanism of ``_ablations()``; returns what to ``restore``."""
+    if not names:
+        # Nothing to switch off: a measured runner's every step asks (``_Lane.run_step``).
+        return []
     table = _ablations()
     saved = []
     for name in names:
