@@ -13,6 +13,8 @@ of the targets; this one compares code.
     .venv/bin/python benchmarks/instructions.py --cells omni_talker \\
         --parts phases.StepJournal phases.row_output phases.merge_batch_updates
     .venv/bin/python benchmarks/instructions.py --floors           # also floors.py's floors, counted
+    .venv/bin/python benchmarks/instructions.py --cold --cells plain  # caches simulated, emptied per step
+    .venv/bin/python benchmarks/instructions.py --cells plain --without journal merges
 
 It runs itself under ``valgrind --tool=callgrind`` (Debian's ``valgrind``; a five-line helper is
 compiled against its ``valgrind/callgrind.h`` with ``cc``), instrumenting only the counted steps
@@ -25,6 +27,14 @@ first less the second. A part (``--parts``, a function or method by its path; ``
 ``omnigen.runtime.phases.X``) is counted alone the same way, collection on only inside it. Each
 counted call also counts part of the switching on and off; what that costs per call is measured
 on an empty function and taken off.
+
+``--cold`` also simulates the caches (callgrind's ``--cache-sim``, this machine's level 1 and
+level 3, the last level valgrind models) and empties them before every counted step and call, by
+writing a buffer twice the last level's size, counted by no one: what a step costs when the
+forward pass and the scheduler ran between it and the runner's previous step. Each figure then
+also has its level 1 and last-level misses a request and cachegrind's cycle estimate
+(instructions + 10 x level-1 misses + 100 x last-level misses): the timed ``--cold-caches`` of
+``host_overhead`` without the noise, and the worst case of it (nothing is left in any level).
 
 ``--floors`` also counts ``benchmarks/floors.py``'s floors of each batched cell, its whole step's
 floor and omnigen's code for the same work, each alone on the cell's steady step (one that calls
@@ -67,6 +77,15 @@ void omnigen_cg_zero(void) { CALLGRIND_ZERO_STATS; }
 void omnigen_cg_dump(const char *label) { CALLGRIND_DUMP_STATS_AT(label); }
 """
 CALIBRATION_CALLS = 1000
+COLD = "OMNIGEN_INSTRUCTIONS_COLD"
+"""Set (to the last level's size in bytes) in the process valgrind runs: empty the caches per step."""
+LEVEL_1 = (32 * 1024, 8, 64)
+LAST_LEVEL = (32 * 1024 * 1024, 16, 64)
+"""This machine's caches (``lscpu``: AMD EPYC, 32 KiB 8-way level 1 data and instructions a core,
+32 MiB level 3), as valgrind's ``--D1``/``--I1`` and ``--LL`` take them: size, ways, line."""
+MISSES = {"D1": ("D1mr", "D1mw"), "LL": ("DLmr", "DLmw", "ILmr"), "I1": ("I1mr",), "LL_code": ("ILmr",)}
+"""The simulated events summed into each reported miss count (``LL_code``: the last level's misses
+on machine code, the interpreter's and torch's, part of ``LL``; bytecode is data)."""
 
 
 # -- The launcher: compile the helper, run this file under valgrind, read the dumps. -------------
@@ -91,8 +110,9 @@ def build_helper(folder: Path) -> Path:
     return library
 
 
-def launch(argv: list[str]) -> list[dict[str, Any]]:
-    """Run this file's measurement under callgrind; each counted pass as a row (``read_dumps``)."""
+def launch(argv: list[str], cold: bool = False) -> list[dict[str, Any]]:
+    """Run this file's measurement under callgrind; each counted pass as a row (``read_dumps``).
+    ``cold``: with the caches simulated, and emptied before every counted step."""
     if shutil.which("valgrind") is None:
         raise SystemExit(
             "benchmarks/instructions.py: valgrind is not installed (Debian: apt-get install valgrind)"
@@ -100,11 +120,18 @@ def launch(argv: list[str]) -> list[dict[str, Any]]:
     with tempfile.TemporaryDirectory(prefix="omnigen-instructions-") as tmp:
         folder = Path(tmp)
         env = {**os.environ, DUMPS: str(folder), HELPER_LIBRARY: str(build_helper(folder))}
+        caches = []
+        if cold:
+            env[COLD] = str(LAST_LEVEL[0])
+            level_1 = ",".join(map(str, LEVEL_1))
+            caches = ["--cache-sim=yes", f"--D1={level_1}", f"--I1={level_1}"]
+            caches.append(f"--LL={','.join(map(str, LAST_LEVEL))}")
         command = [
             "valgrind",
             "--tool=callgrind",
             "--instr-atstart=no",
             "--collect-atstart=no",
+            *caches,
             f"--callgrind-out-file={folder}/cg.%p",
             sys.executable,
             str(Path(__file__).resolve()),
@@ -120,56 +147,98 @@ def launch(argv: list[str]) -> list[dict[str, Any]]:
 
 
 _LABEL = re.compile(r"^desc: Trigger: Client Request: (.*)$", re.M)
-_SUMMARY = re.compile(r"^summary: (\d+)$", re.M)
+_EVENTS = re.compile(r"^events: (.*)$", re.M)
+_SUMMARY = re.compile(r"^summary: ([\d ]+)$", re.M)
 
 
 def read_dumps(folder: Path) -> list[dict[str, Any]]:
-    """Each dump's label (the JSON object the measurement wrote) with its ``instructions``."""
+    """Each dump's label (the JSON object the measurement wrote) with its ``events`` (``Ir``, the
+    instructions, and with the caches simulated their misses) and its ``instructions``."""
     rows = []
     # cg.PID.N, N the dump's number: in the order they were written.
     for dump in sorted(folder.glob("cg.*.*"), key=lambda path: int(path.suffix[1:])):
         text = dump.read_text()
-        label, summary = _LABEL.search(text), _SUMMARY.search(text)
-        if label and summary:
-            rows.append({**json.loads(label.group(1)), "instructions": int(summary.group(1))})
+        label, names, summary = _LABEL.search(text), _EVENTS.search(text), _SUMMARY.search(text)
+        if label and names and summary:
+            counts = [*map(int, summary.group(1).split())]
+            # A cost line may leave out its trailing zeros.
+            events = {
+                name: counts[i] if i < len(counts) else 0 for i, name in enumerate(names.group(1).split())
+            }
+            rows.append({**json.loads(label.group(1)), "events": events, "instructions": events["Ir"]})
     return rows
 
 
 def per_request(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Instructions per request per step: each runner's (its whole calls less its hook calls)
-    and each part's, the switching's cost per counted call taken off."""
+    """Instructions per request per step (``per_request``): each runner's (its whole calls less
+    its hook calls) and each part's, the switching's cost per counted call taken off. With the
+    caches simulated, the same for their misses (``D1``, ``LL``, ``I1``: ``MISSES``) and
+    cachegrind's cycle estimate (``cycles``)."""
     calibration = next(row for row in rows if row["pass"] == "calibration")
-    per_call = calibration["instructions"] / calibration["calls"]
+    figures = [name for name in _FIGURES if _figure(calibration, name) is not None]
+    per_call = {name: _figure(calibration, name) / calibration["calls"] for name in figures}
     counted = {}
     for row in rows:
         if row["pass"] != "calibration":
-            net = row["instructions"] - (per_call * row["calls"] if row["pass"] != "total" else 0)
+            net = {
+                name: _figure(row, name) - (per_call[name] * row["calls"] if row["pass"] != "total" else 0)
+                for name in figures
+            }
             counted[row["cell"], row["batch"], row["side"], row["part"], row["pass"]] = (net, row["steps"])
     results = []
     for (cell, batch, side, part, kind), (net, steps) in counted.items():
         if kind == "hooks":
             continue
         if kind == "total":
-            net -= counted[cell, batch, side, part, "hooks"][0]
-        results.append(
-            {"cell": cell, "batch": batch, "side": side, "part": part, "per_request": net / (steps * batch)}
-        )
+            hooks = counted[cell, batch, side, part, "hooks"][0]
+            net = {name: value - hooks[name] for name, value in net.items()}
+        result = {"cell": cell, "batch": batch, "side": side, "part": part}
+        for name, value in net.items():
+            result["per_request" if name == "Ir" else name] = value / (steps * batch)
+        results.append(result)
     return results
+
+
+_FIGURES = ("Ir", *MISSES, "cycles")
+
+
+def _figure(row: dict[str, Any], name: str) -> float | None:
+    """One of ``_FIGURES`` of a dump, None where the caches were not simulated."""
+    events = row["events"]
+    if name == "Ir":
+        return events["Ir"]
+    if "D1mr" not in events:
+        return None
+    if name == "cycles":
+        # cachegrind's estimate (``cg_annotate``'s): a level-1 miss 10 cycles, a last-level one 100.
+        return events["Ir"] + 10 * (_figure(row, "D1") + _figure(row, "I1")) + 100 * _figure(row, "LL")
+    return sum(events[event] for event in MISSES[name])
 
 
 def report(results: list[dict[str, Any]]) -> None:
     from benchmarks.host_overhead import CELLS
 
-    oracle = {(r["cell"], r["batch"]): r["per_request"] for r in results if r["side"] == "vllm-omni"}
+    oracle = {(r["cell"], r["batch"]): r for r in results if r["side"] == "vllm-omni"}
     names = [_name(r) for r in results]
     width = max(34, *map(len, names))
-    print(f"{'cell':42} {'B':>4} {'runner / part':{width}} {'instr/request':>13} {'of vllm-omni':>12}")
+    caches = "cycles" in results[0]
+    header = f"{'cell':42} {'B':>4} {'runner / part':{width}} {'instr/request':>13} {'of vllm-omni':>12}"
+    if caches:
+        header += f" {'D1 miss':>8} {'LL miss':>8} {'est. cycles':>11} {'of vllm-omni':>12}"
+    print(header)
     for r, name in zip(results, names, strict=True):
-        share = r["per_request"] / oracle[r["cell"], r["batch"]]
-        print(
-            f"{CELLS[r['cell']].label:42} {r['batch']:>4} {name:{width}} {r['per_request']:>13,.0f} {share:>12.3f}"
+        base = oracle[r["cell"], r["batch"]]
+        line = (
+            f"{CELLS[r['cell']].label:42} {r['batch']:>4} {name:{width}} {r['per_request']:>13,.0f}"
+            f" {r['per_request'] / base['per_request']:>12.3f}"
         )
-    _report_budgets(results, oracle)
+        if caches:
+            line += (
+                f" {r['D1']:>8,.1f} {r['LL']:>8,.1f} {r['cycles']:>11,.0f}"
+                f" {r['cycles'] / base['cycles']:>12.3f}"
+            )
+        print(line)
+    _report_budgets(results, {at: r["per_request"] for at, r in oracle.items()})
 
 
 def _name(row: dict[str, Any]) -> str:
@@ -242,6 +311,23 @@ def _noop() -> None:
     pass
 
 
+def cache_emptier() -> Callable[[], None]:
+    """With ``--cold`` (``COLD`` set), what empties the simulated caches before a counted step: it
+    reads and writes every line of a buffer twice the last level's size (numpy, one thread: each
+    write is one the simulator sees), with collection off; otherwise nothing."""
+    size = os.environ.get(COLD)
+    if not size:
+        return _noop
+    import numpy as np
+
+    lines = np.zeros(2 * int(size) // 8, dtype=np.uint64)
+
+    def empty_caches() -> None:
+        np.add(lines, 1, out=lines)
+
+    return empty_caches
+
+
 def _count_hooks(cg: Callgrind, runner: Any) -> None:
     """Collection on inside the model's hooks and its code predictor."""
     from benchmarks.host_overhead import HOOKS
@@ -295,6 +381,7 @@ def measure(args: argparse.Namespace, cg: Callgrind) -> None:
         counted_noop()
     cg.dump(**{"pass": "calibration"})
     cg.stop()
+    empty_caches = cache_emptier()
     for key in args.cells:
         cell = host_overhead.CELLS[key]
         for batch in args.batch:
@@ -303,57 +390,71 @@ def measure(args: argparse.Namespace, cg: Callgrind) -> None:
             scen, plan = host_overhead.scenario(
                 batch, args.warm + args.steps, mixed=False, seeded_share=cell.seeded_share
             )
-            passes = [("vllm-omni", oracle, None, kind) for kind in ("total", "hooks")]
-            passes += [("omnigen", ours, None, kind) for kind in ("total", "hooks")]
-            passes += [("omnigen", ours, part, "part") for part in args.parts]
-            for side, cls, part, kind in passes:
-                with harness.harness_patches(extra):
-                    prep = host_overhead._prepare(cls, policy, extra, scen, plan)
-                    runner = prep.runner
-                    warm, steps = prep.outputs[: args.warm], prep.outputs[args.warm :]
-                    with host_overhead.step_mode():
-                        for step, out in warm:
-                            harness._apply_step(runner, prep.state, step)
-                            runner._preprocess(out, step.num_input_tokens)
-                    if kind == "hooks":
-                        _count_hooks(cg, runner)
-                    saved = None
-                    if kind == "part":
-                        owner, attr = _resolve(part)
-                        saved = (owner, attr, getattr(owner, attr))
-                        setattr(owner, attr, cg.counted(saved[2]))
-                    freeze_gc_heap()
-                    cg.start()
-                    try:
-                        cg.restart()
+            passes = [("vllm-omni", oracle, None, kind, ()) for kind in ("total", "hooks")]
+            passes += [("omnigen", ours, None, kind, ()) for kind in ("total", "hooks")]
+            passes += [("omnigen", ours, part, "part", ()) for part in args.parts]
+            passes += [
+                (f"omnigen without {name}", ours, None, kind, (name,))
+                for name in args.without
+                for kind in ("total", "hooks")
+            ]
+            for side, cls, part, kind, ablation in passes:
+                ablated = host_overhead.ablate(list(ablation))
+                try:
+                    with harness.harness_patches(extra):
+                        prep = host_overhead._prepare(cls, policy, extra, scen, plan)
+                        runner = prep.runner
+                        warm, steps = prep.outputs[: args.warm], prep.outputs[args.warm :]
                         with host_overhead.step_mode():
-                            for step, out in steps:
+                            for step, out in warm:
                                 harness._apply_step(runner, prep.state, step)
-                                if kind == "total":
-                                    cg.toggle()
                                 runner._preprocess(out, step.num_input_tokens)
-                                if kind == "total":
-                                    cg.toggle()
-                        cg.dump(
-                            **{
-                                "pass": kind,
-                                "cell": key,
-                                "batch": batch,
-                                "side": side,
-                                "part": part,
-                                "steps": len(steps),
-                            }
-                        )
-                    finally:
-                        cg.stop()
-                        gc.unfreeze()
-                        if saved:
-                            setattr(*saved)
+                        if kind == "hooks":
+                            _count_hooks(cg, runner)
+                        saved = None
+                        if kind == "part":
+                            owner, attr = _resolve(part)
+                            saved = (owner, attr, getattr(owner, attr))
+                            setattr(owner, attr, cg.counted(saved[2]))
+                        freeze_gc_heap()
+                        cg.start()
+                        try:
+                            cg.restart()
+                            with host_overhead.step_mode():
+                                for step, out in steps:
+                                    # Emptied before vLLM's own bookkeeping of the step, which warms
+                                    # what it touches (the requests, the input batch) for the step.
+                                    empty_caches()
+                                    harness._apply_step(runner, prep.state, step)
+                                    if kind == "total":
+                                        cg.toggle()
+                                    runner._preprocess(out, step.num_input_tokens)
+                                    if kind == "total":
+                                        cg.toggle()
+                            cg.dump(
+                                **{
+                                    "pass": kind,
+                                    "cell": key,
+                                    "batch": batch,
+                                    "side": side,
+                                    "part": part,
+                                    "steps": len(steps),
+                                }
+                            )
+                        finally:
+                            cg.stop()
+                            gc.unfreeze()
+                            if saved:
+                                setattr(*saved)
+                finally:
+                    host_overhead.restore(ablated)
             if args.floors:
-                _measure_floors(args, cg, key, batch)
+                _measure_floors(args, cg, key, batch, empty_caches)
 
 
-def _measure_floors(args: argparse.Namespace, cg: Callgrind, key: str, batch: int) -> None:
+def _measure_floors(
+    args: argparse.Namespace, cg: Callgrind, key: str, batch: int, empty_caches: Callable[[], None]
+) -> None:
     """``benchmarks/floors.py``'s floors of ``key`` (and its whole step's) and omnigen's code for
     the same work, each counted alone on the cell's steady step, as a part is. One that calls the
     model (the hook calls, the whole step) is counted as a runner is: its whole calls less the
@@ -384,6 +485,7 @@ def _measure_floors(args: argparse.Namespace, cg: Callgrind, key: str, batch: in
                 cg.restart()
                 with host_overhead.step_mode():
                     for _ in range(args.steps):
+                        empty_caches()
                         if kind == "total":
                             cg.toggle()
                         call(step)
@@ -448,6 +550,18 @@ def main() -> None:
         action="store_true",
         help="also count benchmarks/floors.py's floors and omnigen's code for the same work (batched cells)",
     )
+    parser.add_argument(
+        "--without",
+        nargs="+",
+        default=[],
+        choices=list(host_overhead._ablations()),
+        help="also count omnigen without each of these contract mechanisms (host_overhead's --ablate)",
+    )
+    parser.add_argument(
+        "--cold",
+        action="store_true",
+        help="also simulate the caches, emptied before every counted step, and report their misses",
+    )
     host_overhead.add_step_mode_argument(parser)
     parser.add_argument("--json", type=Path, help="also write the figures to this file")
     args = parser.parse_args()
@@ -457,7 +571,7 @@ def main() -> None:
         return
     for part in args.parts:
         _resolve(part)
-    results = per_request(launch(sys.argv[1:]))
+    results = per_request(launch(sys.argv[1:], cold=args.cold))
     report(results)
     if args.json:
         args.json.write_text(json.dumps(results, indent=2))

@@ -1,0 +1,76 @@
+"""``benchmarks/instructions.py``'s reading of callgrind's dumps and its figures a request: the part
+that runs outside valgrind, on dumps written as callgrind writes them (its format, the events of a
+run with and without ``--cache-sim``)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from benchmarks import instructions
+
+CACHE_EVENTS = "Ir Dr Dw I1mr D1mr D1mw ILmr DLmr DLmw"
+
+
+def write_dump(folder: Path, number: int, label: dict, events: str, summary: str) -> None:
+    """A dump as callgrind writes one at a client request (``cg.PID.N``)."""
+    (folder / f"cg.4242.{number}").write_text(
+        "# callgrind format\nversion: 1\ncreator: callgrind-3.19.0\npid: 4242\n\n"
+        "desc: I1 cache: 32768 B, 64 B, 8-way associative\n"
+        f"desc: Trigger: Client Request: {json.dumps(label)}\n\n"
+        f"positions: line\nevents: {events}\nsummary: {summary}\n\n"
+        "fn=(1) main\n0 1 2 3\n"
+        f"totals: {summary}\n"
+    )
+
+
+def step_label(kind: str, side: str, calls: int) -> dict:
+    return {
+        "pass": kind,
+        "cell": "plain",
+        "batch": 2,
+        "side": side,
+        "part": None,
+        "steps": 5,
+        "calls": calls,
+    }
+
+
+def test_a_dump_without_the_caches_simulated_gives_its_instructions_only(tmp_path):
+    write_dump(tmp_path, 1, {"pass": "calibration", "calls": 10}, "Ir", "1000")
+    write_dump(tmp_path, 2, step_label("total", "omnigen", 0), "Ir", "30000")
+    write_dump(tmp_path, 3, step_label("hooks", "omnigen", 5), "Ir", "10500")
+
+    (result,) = instructions.per_request(instructions.read_dumps(tmp_path))
+
+    # (30,000 less the hooks' 10,500 less their 5 switchings at 100 each) over 5 steps of 2 rows.
+    assert result["per_request"] == pytest.approx((30_000 - (10_500 - 500)) / 10)
+    assert "cycles" not in result and "LL" not in result
+
+
+def test_cache_misses_are_taken_a_request_as_instructions_are_and_weighted_into_cycles(tmp_path):
+    # Dumps read in the order they were written (cg.PID.10 after cg.PID.9), and a summary that
+    # leaves out its trailing zeros (as a cost line may).
+    write_dump(tmp_path, 9, {"pass": "calibration", "calls": 10}, CACHE_EVENTS, "1000 0 0 10 20 0 0 0 0")
+    write_dump(tmp_path, 10, step_label("total", "omnigen", 0), CACHE_EVENTS, "30000 0 0 100 300 200 7 40 30")
+    write_dump(tmp_path, 11, step_label("hooks", "omnigen", 5), CACHE_EVENTS, "10500 0 0 50 110 0 2 10")
+
+    rows = instructions.read_dumps(tmp_path)
+    assert [row["pass"] for row in rows] == ["calibration", "total", "hooks"]
+    assert rows[2]["events"]["DLmw"] == 0
+    (result,) = instructions.per_request(rows)
+
+    # The runner's: the whole calls less the hook calls, those less their switching (per call: 1 I1
+    # and 2 D1 misses); level 1 data = D1mr + D1mw, last level = DLmr + DLmw + ILmr.
+    d1 = (300 + 200) - (110 - 5 * 2)
+    i1 = 100 - (50 - 5 * 1)
+    ll = (40 + 30 + 7) - (10 + 0 + 2)
+    instr = 30_000 - (10_500 - 5 * 100)
+    assert result["per_request"] == pytest.approx(instr / 10)
+    assert result["D1"] == pytest.approx(d1 / 10)
+    assert result["I1"] == pytest.approx(i1 / 10)
+    assert result["LL"] == pytest.approx(ll / 10)
+    assert result["LL_code"] == pytest.approx((7 - 2) / 10)
+    assert result["cycles"] == pytest.approx((instr + 10 * (d1 + i1) + 100 * ll) / 10)
