@@ -136,9 +136,13 @@ class TrivialHooksModel(DummyTalkerModel):
     def __init__(self, flags, *, seed: int = 0) -> None:
         super().__init__(flags, seed=seed)
         rows = 4096
-        self._embeds = torch.linspace(0, 1, rows * HIDDEN).reshape(rows, HIDDEN)
-        self._hidden = torch.ones(rows, HIDDEN)
-        self._codes = torch.zeros(rows, NUM_CODES, dtype=torch.int64)
+        # Made in the step's autograd mode, as a forward's outputs are: inside vLLM's inference
+        # mode the rows handed back are views of inference tensors, which carry no autograd view
+        # record for a runner to free with the rows it stored the step before.
+        with step_mode():
+            self._embeds = torch.linspace(0, 1, rows * HIDDEN).reshape(rows, HIDDEN)
+            self._hidden = torch.ones(rows, HIDDEN)
+            self._codes = torch.zeros(rows, NUM_CODES, dtype=torch.int64)
         if self.flags.mtp:
             self.talker_mtp = self._predict
 
