@@ -15,6 +15,8 @@ of the targets; this one compares code.
     .venv/bin/python benchmarks/instructions.py --floors           # also floors.py's floors, counted
     .venv/bin/python benchmarks/instructions.py --cold --cells plain  # caches simulated, emptied per step
     .venv/bin/python benchmarks/instructions.py --cells plain --without journal merges
+    .venv/bin/python benchmarks/instructions.py --cells plain --keep-dumps /tmp/dumps  # by function:
+    callgrind_annotate --inclusive=yes /tmp/dumps/cg.PID.N                          # one pass's dump
 
 It runs itself under ``valgrind --tool=callgrind`` (Debian's ``valgrind``; a five-line helper is
 compiled against its ``valgrind/callgrind.h`` with ``cc``), instrumenting only the counted steps
@@ -110,9 +112,10 @@ def build_helper(folder: Path) -> Path:
     return library
 
 
-def launch(argv: list[str], cold: bool = False) -> list[dict[str, Any]]:
+def launch(argv: list[str], cold: bool = False, keep: Path | None = None) -> list[dict[str, Any]]:
     """Run this file's measurement under callgrind; each counted pass as a row (``read_dumps``).
-    ``cold``: with the caches simulated, and emptied before every counted step."""
+    ``cold``: with the caches simulated, and emptied before every counted step; ``keep``: a
+    folder (``check_keep_folder``) to copy the dumps into, for ``callgrind_annotate``."""
     if shutil.which("valgrind") is None:
         raise SystemExit(
             "benchmarks/instructions.py: valgrind is not installed (Debian: apt-get install valgrind)"
@@ -143,7 +146,29 @@ def launch(argv: list[str], cold: bool = False) -> list[dict[str, Any]]:
             raise SystemExit(
                 f"benchmarks/instructions.py: the run under valgrind failed (exit {done.returncode})"
             )
+        if keep is not None:
+            keep_dumps(folder, keep)
         return read_dumps(folder)
+
+
+def check_keep_folder(folder: Path) -> None:
+    """Stop before anything runs unless ``folder`` is new or empty: the kept dumps go in beside
+    nothing of anyone else's, and no file already there is overwritten."""
+    if folder.exists() and (not folder.is_dir() or any(folder.iterdir())):
+        raise SystemExit(
+            f"benchmarks/instructions.py: --keep-dumps {folder} is not a new or empty folder;"
+            " name a new one (nothing there is overwritten)"
+        )
+
+
+def keep_dumps(folder: Path, keep: Path) -> None:
+    """Copy the run's callgrind dumps (``cg.PID.N``, one a counted pass, its label in its
+    ``desc: Trigger`` line) from ``folder`` into ``keep``."""
+    keep.mkdir(parents=True, exist_ok=True)
+    dumps = sorted(folder.glob("cg.*.*"), key=lambda path: int(path.suffix[1:]))
+    for dump in dumps:
+        shutil.copy2(dump, keep / dump.name)
+    print(f"kept {len(dumps)} callgrind dumps in {keep} (callgrind_annotate FILE; each names its pass)")
 
 
 _LABEL = re.compile(r"^desc: Trigger: Client Request: (.*)$", re.M)
@@ -564,6 +589,12 @@ def main() -> None:
     )
     host_overhead.add_step_mode_argument(parser)
     parser.add_argument("--json", type=Path, help="also write the figures to this file")
+    parser.add_argument(
+        "--keep-dumps",
+        type=Path,
+        metavar="DIR",
+        help="also keep callgrind's dumps in DIR (new or empty), one a counted pass, for callgrind_annotate",
+    )
     args = parser.parse_args()
     host_overhead.set_step_mode(args)
     if os.environ.get(DUMPS):
@@ -571,7 +602,9 @@ def main() -> None:
         return
     for part in args.parts:
         _resolve(part)
-    results = per_request(launch(sys.argv[1:], cold=args.cold))
+    if args.keep_dumps is not None:
+        check_keep_folder(args.keep_dumps)
+    results = per_request(launch(sys.argv[1:], cold=args.cold, keep=args.keep_dumps))
     report(results)
     if args.json:
         args.json.write_text(json.dumps(results, indent=2))

@@ -74,3 +74,27 @@ def test_cache_misses_are_taken_a_request_as_instructions_are_and_weighted_into_
     assert result["LL"] == pytest.approx(ll / 10)
     assert result["LL_code"] == pytest.approx((7 - 2) / 10)
     assert result["cycles"] == pytest.approx((instr + 10 * (d1 + i1) + 100 * ll) / 10)
+
+
+def test_kept_dumps_go_only_into_a_new_or_empty_folder(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    run.mkdir()
+    write_dump(run, 2, step_label("total", "omnigen", 0), "Ir", "900")
+    write_dump(run, 1, step_label("calibration", "omnigen", 10), "Ir", "50")
+    (run / "helper.so").write_text("not a dump")
+    kept = tmp_path / "new" / "dumps"
+    instructions.check_keep_folder(kept)
+    instructions.keep_dumps(run, kept)
+    assert sorted(path.name for path in kept.iterdir()) == ["cg.4242.1", "cg.4242.2"]
+    assert (kept / "cg.4242.2").read_text() == (run / "cg.4242.2").read_text()
+    # A folder holding anything, or a file, is refused before valgrind runs, and left as it was.
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("keep me")
+    for taken in (mine, mine / "notes.txt", kept):
+        with pytest.raises(SystemExit, match="not a new or empty folder"):
+            instructions.check_keep_folder(taken)
+    assert (mine / "notes.txt").read_text() == "keep me"
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    instructions.check_keep_folder(empty)
