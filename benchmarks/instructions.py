@@ -165,10 +165,15 @@ def keep_dumps(folder: Path, keep: Path) -> None:
     """Copy the run's callgrind dumps (``cg.PID.N``, one a counted pass, its label in its
     ``desc: Trigger`` line) from ``folder`` into ``keep``."""
     keep.mkdir(parents=True, exist_ok=True)
-    dumps = sorted(folder.glob("cg.*.*"), key=lambda path: int(path.suffix[1:]))
+    dumps = _dumps_in_order(folder)
     for dump in dumps:
         shutil.copy2(dump, keep / dump.name)
     print(f"kept {len(dumps)} callgrind dumps in {keep} (callgrind_annotate FILE; each names its pass)")
+
+
+def _dumps_in_order(folder: Path) -> list[Path]:
+    """The run's dumps, ``cg.PID.N`` (N the dump's number), in the order they were written."""
+    return sorted(folder.glob("cg.*.*"), key=lambda path: int(path.suffix[1:]))
 
 
 _LABEL = re.compile(r"^desc: Trigger: Client Request: (.*)$", re.M)
@@ -180,8 +185,7 @@ def read_dumps(folder: Path) -> list[dict[str, Any]]:
     """Each dump's label (the JSON object the measurement wrote) with its ``events`` (``Ir``, the
     instructions, and with the caches simulated their misses) and its ``instructions``."""
     rows = []
-    # cg.PID.N, N the dump's number: in the order they were written.
-    for dump in sorted(folder.glob("cg.*.*"), key=lambda path: int(path.suffix[1:])):
+    for dump in _dumps_in_order(folder):
         text = dump.read_text()
         label, names, summary = _LABEL.search(text), _EVENTS.search(text), _SUMMARY.search(text)
         if label and names and summary:
@@ -392,8 +396,6 @@ def _resolve(part: str) -> tuple[Any, str]:
 
 def measure(args: argparse.Namespace, cg: Callgrind) -> None:
     """Every counted pass, each dumped under a label naming what it counted."""
-    from vllm.utils.gc_utils import freeze_gc_heap
-
     from benchmarks import host_overhead
     from tests.oracle import harness
 
@@ -424,57 +426,68 @@ def measure(args: argparse.Namespace, cg: Callgrind) -> None:
                 for kind in ("total", "hooks")
             ]
             for side, cls, part, kind, ablation in passes:
+                label = {"pass": kind, "cell": key, "batch": batch, "side": side, "part": part}
                 ablated = host_overhead.ablate(list(ablation))
                 try:
                     with harness.harness_patches(extra):
                         prep = host_overhead._prepare(cls, policy, extra, scen, plan)
-                        runner = prep.runner
-                        warm, steps = prep.outputs[: args.warm], prep.outputs[args.warm :]
-                        with host_overhead.step_mode():
-                            for step, out in warm:
-                                harness._apply_step(runner, prep.state, step)
-                                runner._preprocess(out, step.num_input_tokens)
-                        if kind == "hooks":
-                            _count_hooks(cg, runner)
-                        saved = None
-                        if kind == "part":
-                            owner, attr = _resolve(part)
-                            saved = (owner, attr, getattr(owner, attr))
-                            setattr(owner, attr, cg.counted(saved[2]))
-                        freeze_gc_heap()
-                        cg.start()
-                        try:
-                            cg.restart()
-                            with host_overhead.step_mode():
-                                for step, out in steps:
-                                    # Emptied before vLLM's own bookkeeping of the step, which warms
-                                    # what it touches (the requests, the input batch) for the step.
-                                    empty_caches()
-                                    harness._apply_step(runner, prep.state, step)
-                                    if kind == "total":
-                                        cg.toggle()
-                                    runner._preprocess(out, step.num_input_tokens)
-                                    if kind == "total":
-                                        cg.toggle()
-                            cg.dump(
-                                **{
-                                    "pass": kind,
-                                    "cell": key,
-                                    "batch": batch,
-                                    "side": side,
-                                    "part": part,
-                                    "steps": len(steps),
-                                }
-                            )
-                        finally:
-                            cg.stop()
-                            gc.unfreeze()
-                            if saved:
-                                setattr(*saved)
+                        _count_pass(args, cg, prep, label, empty_caches)
                 finally:
                     host_overhead.restore(ablated)
             if args.floors:
                 _measure_floors(args, cg, key, batch, empty_caches)
+
+
+def _count_pass(
+    args: argparse.Namespace,
+    cg: Callgrind,
+    prep: Any,
+    label: dict[str, Any],
+    empty_caches: Callable[[], None],
+) -> None:
+    """One counted pass on a prepared runner: its warm steps uncounted, then its steady steps
+    counted as ``label["pass"]`` says (``total``: the runner's ``_preprocess`` calls; ``hooks``:
+    the model's hooks inside them; ``part``: ``label["part"]`` alone), dumped under ``label``."""
+    from vllm.utils.gc_utils import freeze_gc_heap
+
+    from benchmarks import host_overhead
+    from tests.oracle import harness
+
+    kind = label["pass"]
+    runner = prep.runner
+    warm, steps = prep.outputs[: args.warm], prep.outputs[args.warm :]
+    with host_overhead.step_mode():
+        for step, out in warm:
+            harness._apply_step(runner, prep.state, step)
+            runner._preprocess(out, step.num_input_tokens)
+    if kind == "hooks":
+        _count_hooks(cg, runner)
+    saved = None
+    if kind == "part":
+        owner, attr = _resolve(label["part"])
+        saved = (owner, attr, getattr(owner, attr))
+        setattr(owner, attr, cg.counted(saved[2]))
+    freeze_gc_heap()
+    cg.start()
+    try:
+        cg.restart()
+        with host_overhead.step_mode():
+            for step, out in steps:
+                # Emptied before vLLM's own bookkeeping of the step, which warms what it touches
+                # (the requests, the input batch) for the step.
+                empty_caches()
+                harness._apply_step(runner, prep.state, step)
+                if kind == "total":
+                    cg.toggle()
+                runner._preprocess(out, step.num_input_tokens)
+                if kind == "total":
+                    cg.toggle()
+        cg.dump(**label, steps=len(steps))
+    finally:
+        cg.stop()
+        gc.unfreeze()
+        if saved:
+            setattr(*saved)
 
 
 def _measure_floors(
