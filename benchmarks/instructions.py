@@ -35,8 +35,11 @@ level 3, the last level valgrind models) and empties them before every counted s
 writing a buffer twice the last level's size, counted by no one: what a step costs when the
 forward pass and the scheduler ran between it and the runner's previous step. Each figure then
 also has its level 1 and last-level misses a request and cachegrind's cycle estimate
-(instructions + 10 x level-1 misses + 100 x last-level misses): the timed ``--cold-caches`` of
-``host_overhead`` without the noise, and the worst case of it (nothing is left in any level).
+(instructions + 10 x level-1 misses + 100 x last-level misses): the worst case of the timed
+``--cold-caches`` of ``host_overhead`` (nothing is left in any level), without the noise. The
+estimate weighs level-1 instruction misses (``I1`` in ``--json``) at 10 cycles, which this
+machine's level 2 mostly catches: on the runners' steps the timed cold ratios come nearer the
+estimate without them, instructions + 10 x ``D1`` + 100 x ``LL`` (README, Measurements).
 
 ``--floors`` also counts ``benchmarks/floors.py``'s floors of each batched cell, its whole step's
 floor and omnigen's code for the same work, each alone on the cell's steady step (one that calls
