@@ -516,19 +516,12 @@ def omnigen_journal(step: Step) -> None:
 
 
 def omnigen_merges(step: Step) -> None:
-    """The merges as the generated runner makes them: row by row for per-row hooks, in one loop
-    for a decode batch, the owned copies after the last."""
+    """The merges as the generated runner makes them, per-row hooks' and a decode batch's alike:
+    one loop over the step's rows once its hooks have run, then the owned copies."""
     row_buffers = [step.buffers[req_id] for req_id in step.req_ids]
     requests = [step.requests[req_id] for req_id in step.req_ids]
-    gpu_keys = step.runner.GPU_RESIDENT_KEYS
     deferred: buffers.DeferredCopies = {}
-    if "row_hook_calls" in CELL_FLOORS[step.cell]:
-        for buffer, request, update in zip(row_buffers, requests, step.updates, strict=True):
-            if request is not None and update:
-                buffers.merge_update(buffer, update, gpu_keys, deferred)
-                request.additional_information_cpu = buffer
-    else:
-        phases.merge_batch_updates(row_buffers, requests, step.updates, gpu_keys, deferred)
+    buffers.merge_updates(row_buffers, requests, step.updates, step.runner.GPU_RESIDENT_KEYS, deferred)
     buffers.store_owned_copies(deferred)
 
 

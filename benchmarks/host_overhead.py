@@ -531,7 +531,7 @@ def _ablations() -> dict[str, tuple[str, list[tuple[object, str, object]]]]:
         ),
         "merges": (
             "4.1: each row's update merged into its buffer (and its owned copies)",
-            [(phases, "merge_batch_updates", lambda *a: None), (buffers, "merge_update", lambda *a: None), (base.OmniRunnerBase, "_update_intermediate_buffer", lambda self, req_id, update: None)],
+            [(buffers, "merge_updates", lambda *a: None), (base.OmniRunnerBase, "_update_intermediate_buffer", lambda self, req_id, update: None)],
         ),
         "owned_copies": (
             "4.1 / buffers.gpu_resident: an owned device copy of each GPU-resident update",

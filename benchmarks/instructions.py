@@ -11,7 +11,7 @@ of the targets; this one compares code.
     .venv/bin/python benchmarks/instructions.py                      # B = 256, the batched cells
     .venv/bin/python benchmarks/instructions.py --batch 1 256 --cells plain
     .venv/bin/python benchmarks/instructions.py --cells omni_talker \\
-        --parts phases.StepJournal phases.row_output phases.merge_batch_updates
+        --parts phases.StepJournal phases.row_output buffers.merge_updates
     .venv/bin/python benchmarks/instructions.py --floors           # also floors.py's floors, counted
     .venv/bin/python benchmarks/instructions.py --cold --cells plain  # caches simulated, emptied per step
     .venv/bin/python benchmarks/instructions.py --cells plain --without journal merges

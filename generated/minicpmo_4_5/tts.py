@@ -145,23 +145,21 @@ class Minicpmo45TtsRunner(OmniRunnerBase, vllm_api.GPUModelRunner):
         requests = journal.requests
         preprocess = self.model.preprocess
         width = inputs_embeds.shape[1]
-        # Each row's update merges into its buffer as it comes (4.1), but a GPU-resident key's
-        # owned copies wait for the step's last hook (below).
-        gpu_keys = self.GPU_RESIDENT_KEYS
-        deferred: buffers.DeferredCopies = {}
+        # Each row's update, in row order: they merge into their buffers once every hook has run and
+        # been checked (4.1), in one loop over the rows (a merge call a row cost 0.5k instructions).
+        row_updates: list[Any] = []
         # Each row's slices of the step's ids and embeddings, made together (3.3).
         ids_slices, embeds_slices = phases.row_slices(rows, input_ids, inputs_embeds)
         row_fields = zip(
             rows.req_ids,
             row_buffers,
-            requests,
             rows.starts,
             rows.ends,
             ids_slices,
             embeds_slices,
             strict=True,
         )
-        for req_id, buffer, request, start, end, row_ids, row_embeds in row_fields:
+        for req_id, buffer, start, end, row_ids, row_embeds in row_fields:
             try:
                 out = preprocess(input_ids=row_ids, input_embeds=row_embeds, **buffer)
             except Exception as exc:
@@ -169,17 +167,17 @@ class Minicpmo45TtsRunner(OmniRunnerBase, vllm_api.GPUModelRunner):
                 raise
             # The result is checked (arity, count, width, dtype, types) before anything is written (3.5).
             ids_out, embeds_out, update = phases.row_output(req_id, out, end - start, width)
-            # The row's update merges into its buffer, which its request mirrors (4.1: nothing for an empty
-            # update or an unknown request, None).
-            if request is not None and update:
-                buffers.merge_update(buffer, update, gpu_keys, deferred)
-                request.additional_information_cpu = buffer
+            # The row's update merges into its buffer once every hook has run (4.1).
+            row_updates.append(update)
             phases.write_into(row_embeds, embeds_out)
             if ids_out is not None:
                 phases.write_into(row_ids, ids_out)
-        # The owned copies of the GPU-resident tensors the hooks returned, one device operation per
-        # key for the step: they are read after the loop (as the MTP inputs are), so a hook must
-        # not rewrite within the step a GPU-resident tensor it returned.
+        # Each row's update merges into its buffer, which its request mirrors (4.1: nothing for an
+        # empty update or an unknown request, None); then the owned copies of the GPU-resident
+        # tensors, one device operation per key for the step. The updates are read after the loop
+        # (as the MTP inputs are), so a hook must not rewrite within the step a tensor it returned.
+        deferred: buffers.DeferredCopies = {}
+        buffers.merge_updates(row_buffers, requests, row_updates, self.GPU_RESIDENT_KEYS, deferred)
         buffers.store_owned_copies(deferred)
 
     def _should_accumulate_full_payload_output(self) -> bool:

@@ -54,9 +54,7 @@ class OmniRunnerBase:
         request = self.requests.get(req_id)
         if request is None:
             return
-        buffer = self._request_buffer(req_id)
-        buffers.merge_update(buffer, update, self.GPU_RESIDENT_KEYS)
-        request.additional_information_cpu = buffer
+        buffers.merge_updates((self._request_buffer(req_id),), (request,), (update,), self.GPU_RESIDENT_KEYS)
 
     def _request_buffer(self, req_id: str) -> dict[str, Any]:
         """The request's buffer, created (and mirrored) on first use; ``{}`` for an unknown request."""

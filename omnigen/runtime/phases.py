@@ -18,8 +18,6 @@ from typing import Any
 import numpy as np
 import torch
 
-from omnigen.runtime import buffers
-
 CONTIGUITY_ERROR = "Non-MTP batched decode preprocessing requires contiguous in-bounds token offsets"
 MTP_OFFSETS_ERROR = "Talker-MTP decode rows require distinct in-bounds token offsets"
 ROW_BOUNDS_ERROR = "Preprocessing requires every row's tokens within the step"
@@ -350,26 +348,6 @@ def with_request_features(
         runner._attach_request_features(request, buffer, req_id)
         for req_id, request, buffer in zip(req_ids, requests, row_buffers, strict=True)
     ]
-
-
-def merge_batch_updates(
-    row_buffers: list[dict[str, Any]],
-    requests: list[Any],
-    updates: list[Any],
-    gpu_keys: buffers.GpuKeys,
-    deferred: buffers.DeferredCopies,
-) -> None:
-    """Merge each row's update of a decode batch into its buffer and mirror the buffer as its
-    request's ``additional_information_cpu``, as ``runner._update_intermediate_buffer`` does (4.1:
-    nothing for an empty or non-dict update or an unknown request, None), except that a
-    GPU-resident key's tensors are left in ``deferred``: the step makes their owned copies after
-    its last hook, one device operation per key (``buffers.store_owned_copies``). A per-row hook's
-    row does the same inline (the template's ``merge_row``)."""
-    merge_update = buffers.merge_update
-    for buffer, request, update in zip(row_buffers, requests, updates, strict=True):
-        if request is not None and update and isinstance(update, dict):
-            merge_update(buffer, update, gpu_keys, deferred)
-            request.additional_information_cpu = buffer
 
 
 _Tensor = torch.Tensor

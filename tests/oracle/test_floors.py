@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from benchmarks import floors
-from omnigen.runtime import buffers, mtp, phases
+from omnigen.runtime import buffers, mtp
 
 pytestmark = pytest.mark.oracle
 
@@ -109,7 +109,7 @@ def _merged_by_the_runner(step) -> dict:
     rows = [runner.model_intermediate_buffer[req_id] for req_id in step.req_ids]
     requests = [runner.requests[req_id] for req_id in step.req_ids]
     deferred: buffers.DeferredCopies = {}
-    phases.merge_batch_updates(rows, requests, step.updates, runner.GPU_RESIDENT_KEYS, deferred)
+    buffers.merge_updates(rows, requests, step.updates, runner.GPU_RESIDENT_KEYS, deferred)
     buffers.store_owned_copies(deferred)
     return runner.model_intermediate_buffer
 
