@@ -51,16 +51,35 @@ def _same_view(a: torch.Tensor, b: torch.Tensor) -> bool:
         [(5, 6), (0, 2), (2, 3)],
     ],
 )
-def test_row_slices_are_the_rows_slices(bounds):
+@pytest.mark.parametrize("inference", [False, True], ids=["outside inference mode", "inference mode"])
+def test_row_slices_are_the_rows_slices(bounds, inference):
+    # Made outside inference mode, as vLLM's persistent buffers are; the step may run inside it.
     ids = torch.arange(40, dtype=torch.int32)
     embeds = torch.randn(40, HIDDEN)
-    id_rows, embed_rows = phases.row_slices(_rows(bounds), ids, embeds)
-    assert len(id_rows) == len(embed_rows) == len(bounds)
-    for (start, end), id_row, embed_row in zip(bounds, id_rows, embed_rows, strict=True):
-        assert _same_view(id_row, ids[start:end])
-        assert _same_view(embed_row, embeds[start:end])
-        embed_row.fill_(start)  # a view, not a copy: the hook's in-place writes land in the step
+    with torch.inference_mode(inference):
+        id_rows, embed_rows = phases.row_slices(_rows(bounds), ids, embeds)
+        assert len(id_rows) == len(embed_rows) == len(bounds)
+        for (start, end), id_row, embed_row in zip(bounds, id_rows, embed_rows, strict=True):
+            assert _same_view(id_row, ids[start:end])
+            assert _same_view(embed_row, embeds[start:end])
+            # A view, not a copy: the hook's in-place writes land in the step.
+            embed_row.fill_(start)
+            id_row.fill_(-start)
+    for start, end in bounds:
         assert bool((embeds[start:end] == start).all())
+        assert bool((ids[start:end] == -start).all())
+
+
+def test_a_hook_outside_inference_mode_gets_ordinary_views_it_can_write():
+    """Outside inference mode no slice is of an inference tensor: one could not be written there."""
+    bounds = [(i, i + 1) for i in range(phases.SPLIT_ROWS)]
+    ids, embeds = torch.arange(40, dtype=torch.int32), torch.randn(40, HIDDEN)
+    id_rows, embed_rows = phases.row_slices(_rows(bounds), ids, embeds)
+    assert not any(row.is_inference() for row in (*id_rows, *embed_rows))
+    with torch.inference_mode():
+        id_rows, embed_rows = phases.row_slices(_rows(bounds), ids, embeds)
+    # Inside it, from SPLIT_ROWS rows on, they are (what the hot path saves: no autograd view record).
+    assert all(row.is_inference() for row in (*id_rows, *embed_rows))
 
 
 def _mtp_runner(rows: int = 8) -> SimpleNamespace:

@@ -57,6 +57,8 @@ from vllm.v1.core.sched.output import CachedRequestData, NewRequestData, Schedul
 from vllm.v1.utils import CpuGpuBuffer
 from vllm.v1.worker.gpu_input_batch import CachedRequestState
 
+from omnigen.runtime.phases import SPLIT_ROWS
+
 from .dummy_model import HIDDEN, DummyTalkerModel, ModelFlags, make_model
 
 ORACLE_MODULE = "vllm_omni.worker.gpu_model_runner"
@@ -1024,7 +1026,10 @@ def run_step(
     ids_persistent = embeds_persistent = None
     forward = None
     try:
-        result = runner._preprocess(sched, step.num_input_tokens)
+        # Inside inference mode, as vLLM's execute_model runs a step (a hook's row slices, for one,
+        # are views of inference tensors there).
+        with torch.inference_mode():
+            result = runner._preprocess(sched, step.num_input_tokens)
         ids, embeds, positions, _inter, kwargs, _ec = result
         model_kwargs = sorted(kwargs)
         ids_persistent = None if ids is None else ids.data_ptr() == runner.input_ids.gpu.data_ptr()
@@ -1376,6 +1381,8 @@ def coverage(scenario: Scenario, observations: Sequence[Observation]) -> dict[st
         first = flags.index(True) if True in flags else -1
         last = len(flags) - 1 - flags[::-1].index(True) if True in flags else -1
         c["steps_with_split_decode1"] += first >= 0 and not all(flags[first : last + 1])
+        # Enough rows that a runner makes their slices by one split (omnigen's phases.SPLIT_ROWS).
+        c["steps_with_split_rows"] += len(step.rows) >= SPLIT_ROWS
         for kind, payload in ((k, p) for entry in step.new_payloads.values() for k, p in entry.items()):
             c[f"payload:new:{kind}"] += 1
             c["payload:marker"] += "replace_runtime_additional_information" in payload.get("meta", {})

@@ -604,6 +604,8 @@ class Cell:
     legacy_separate_talker: bool | None = None
     # harness.coverage keys the oracle run must show (> 0): the cell exercises what it is for.
     expect: tuple[str, ...] = ()
+    # harness.ScenarioConfig fields set other than by default, as (name, value) pairs.
+    scenario: tuple[tuple[str, Any], ...] = ()
 
     @functools.cached_property
     def plan(self) -> Any:
@@ -675,6 +677,11 @@ VARIANTS = [
     Cell("qwen3_omni/talker/graph=auto,none", "qwen3_omni", "talker", (), "none", 150, 205,
          legacy_separate_talker=True),
     Cell("qwen3_omni/talker/preset graph=eager,full", "qwen3_omni", "talker", ("graph=eager",), "full", 150, 206),
+    # Steps of many rows: the per-row hooks' slices are made by one split (phases.SPLIT_ROWS), of
+    # inference tensors inside inference mode.
+    Cell("qwen3_omni/talker/16 active", "qwen3_omni", "talker", (), "none", 150, 215,
+         scenario=(("max_active", 16), ("p_arrive", 0.9), ("max_output", 40)),
+         expect=("steps_with_split_rows", "steps_with_multiple_mtp_calls")),
     # per-row generators
     # `always` is refused with a graph-capturable predictor (spec.py), so these cells pair it with graph=unsafe.
     Cell("qwen3_tts/per_row=always,full", "qwen3_tts", "qwen3_tts",
@@ -793,7 +800,11 @@ def cell_setup(cell: Cell, withhold: str | None = None) -> tuple[Setup, tuple[st
     oracle = policy
     if cell.legacy_separate_talker is not None:
         oracle = oracle.with_flags(mtp_graph_safe=None, separate_talker=cell.legacy_separate_talker)
-    setup = Setup(oracle=oracle, ours=policy, scenario=ScenarioConfig(seed=cell.seed, num_steps=cell.steps))
+    setup = Setup(
+        oracle=oracle,
+        ours=policy,
+        scenario=ScenarioConfig(seed=cell.seed, num_steps=cell.steps, **dict(cell.scenario)),
+    )
     used = []
     for name, fn in SETTINGS.items():
         on, off = fn(setup, cell, True), fn(setup, cell, False)
