@@ -76,6 +76,11 @@ def test_a_hook_outside_inference_mode_gets_ordinary_views_it_can_write():
     ids, embeds = torch.arange(40, dtype=torch.int32), torch.randn(40, HIDDEN)
     id_rows, embed_rows = phases.row_slices(_rows(bounds), ids, embeds)
     assert not any(row.is_inference() for row in (*id_rows, *embed_rows))
+    for row, (id_row, embed_row) in enumerate(zip(id_rows, embed_rows, strict=True)):
+        id_row.fill_(row + 100)  # an inference tensor would raise here, outside inference mode
+        embed_row.fill_(row)
+    assert ids[: phases.SPLIT_ROWS].tolist() == [row + 100 for row in range(phases.SPLIT_ROWS)]
+    assert embeds[: phases.SPLIT_ROWS, 0].tolist() == list(range(phases.SPLIT_ROWS))
     with torch.inference_mode():
         id_rows, embed_rows = phases.row_slices(_rows(bounds), ids, embeds)
     # Inside it, from SPLIT_ROWS rows on, they are (what the hot path saves: no autograd view record).
