@@ -52,6 +52,7 @@ from __future__ import annotations
 
 import argparse
 import ctypes
+import functools
 import gc
 import importlib
 import json
@@ -451,8 +452,6 @@ def _count_pass(
     """One counted pass on a prepared runner: its warm steps uncounted, then its steady steps
     counted as ``label["pass"]`` says (``total``: the runner's ``_preprocess`` calls; ``hooks``:
     the model's hooks inside them; ``part``: ``label["part"]`` alone), dumped under ``label``."""
-    from vllm.utils.gc_utils import freeze_gc_heap
-
     from benchmarks import host_overhead
     from tests.oracle import harness
 
@@ -470,27 +469,56 @@ def _count_pass(
         owner, attr = _resolve(label["part"])
         saved = (owner, attr, getattr(owner, attr))
         setattr(owner, attr, cg.counted(saved[2]))
+    # vLLM's own bookkeeping of a step (``_apply_step``) runs after the caches are emptied, as it
+    # warms what it touches (the requests, the input batch) for the step, and is not counted.
+    counted = [
+        (
+            functools.partial(harness._apply_step, runner, prep.state, step),
+            runner._preprocess,
+            (out, step.num_input_tokens),
+        )
+        for step, out in steps
+    ]
+    try:
+        _count_steps(cg, {**label, "steps": len(steps)}, counted, empty_caches)
+    finally:
+        if saved:
+            setattr(*saved)
+
+
+def _count_steps(
+    cg: Callgrind,
+    label: dict[str, Any],
+    steps: list[tuple[Callable[[], Any] | None, Callable[..., Any], tuple[Any, ...]]],
+    empty_caches: Callable[[], None],
+) -> None:
+    """The counting of a pass, a runner's or a floor's, dumped under ``label``: the GC heap frozen
+    (as vLLM freezes it after warm-up), then per step ``(prepare, call, args)`` the caches
+    emptied, ``prepare()`` (uncounted) and ``call(*args)``, collection toggled on around the call
+    for a ``total`` pass (a ``hooks`` or ``part`` pass collects only inside its wrapped calls)."""
+    from vllm.utils.gc_utils import freeze_gc_heap
+
+    from benchmarks import host_overhead
+
+    total = label["pass"] == "total"
     freeze_gc_heap()
     cg.start()
     try:
         cg.restart()
         with host_overhead.step_mode():
-            for step, out in steps:
-                # Emptied before vLLM's own bookkeeping of the step, which warms what it touches
-                # (the requests, the input batch) for the step.
+            for prepare, call, call_args in steps:
                 empty_caches()
-                harness._apply_step(runner, prep.state, step)
-                if kind == "total":
+                if prepare is not None:
+                    prepare()
+                if total:
                     cg.toggle()
-                runner._preprocess(out, step.num_input_tokens)
-                if kind == "total":
+                call(*call_args)
+                if total:
                     cg.toggle()
-        cg.dump(**label, steps=len(steps))
+        cg.dump(**label)
     finally:
         cg.stop()
         gc.unfreeze()
-        if saved:
-            setattr(*saved)
 
 
 def _measure_floors(
@@ -519,24 +547,17 @@ def _measure_floors(
         for kind in ("total", "hooks") if calls_model else ("part",):
             saved = _count_model_hooks(cg, step.model) if kind == "hooks" else []
             call = cg.counted(fn) if kind == "part" else fn
-            gc.collect()
-            gc.freeze()
-            cg.start()
+            label = {
+                "pass": kind,
+                "cell": key,
+                "batch": batch,
+                "side": side,
+                "part": name,
+                "steps": args.steps,
+            }
             try:
-                cg.restart()
-                with host_overhead.step_mode():
-                    for _ in range(args.steps):
-                        empty_caches()
-                        if kind == "total":
-                            cg.toggle()
-                        call(step)
-                        if kind == "total":
-                            cg.toggle()
-                label = {"cell": key, "batch": batch, "side": side, "part": name, "steps": args.steps}
-                cg.dump(**{"pass": kind, **label})
+                _count_steps(cg, label, [(None, call, (step,))] * args.steps, empty_caches)
             finally:
-                cg.stop()
-                gc.unfreeze()
                 for owner, attr, original in saved:
                     if original is _ABSENT:
                         delattr(owner, attr)  # the class's method again
