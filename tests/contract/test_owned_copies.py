@@ -79,3 +79,20 @@ def test_to_host_copies_only_what_needs_it():
     assert not buffers.to_host(grad).requires_grad
     assert not buffers.keep_on_device(grad).requires_grad
     assert buffers.keep_on_device(plain) is not plain and torch.equal(buffers.keep_on_device(plain), plain)
+
+
+def test_a_merge_stores_host_tensors_as_to_host_keeps_them():
+    """``merge_updates`` writes ``to_host``'s rule inline for the common value (a contiguous host
+    tensor that needs no detach, stored as it is): a strided one or one that requires grad still
+    goes through it."""
+    plain, strided = torch.ones(2, 3), torch.arange(6.0).reshape(3, 2).t()
+    grad = torch.ones(2, requires_grad=True)
+    buffer: dict = {}
+    request = type("Request", (), {})()
+    update = {"hidden": {"plain": plain, "strided": strided, "grad": grad}}
+    buffers.merge_updates([buffer], [request], [update], frozenset())
+    kept = buffer["hidden"]
+    assert kept["plain"] is plain
+    assert kept["strided"].is_contiguous() and torch.equal(kept["strided"], strided)
+    assert not kept["grad"].requires_grad and torch.equal(kept["grad"], grad.detach())
+    assert request.additional_information_cpu is buffer
