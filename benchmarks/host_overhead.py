@@ -32,10 +32,12 @@ import contextlib
 import cProfile
 import functools
 import gc
+import inspect
 import pstats
 import random
 import statistics
 import sys
+import textwrap
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -512,6 +514,30 @@ def _unchecked(_ids: object, out: object, *args: object, **kwargs: object) -> ob
     return out
 
 
+@functools.cache
+def _merge_without_host_layout() -> Callable[..., None]:
+    """``buffers.merge_updates`` without its reads of a host tensor's ``requires_grad`` and
+    ``is_contiguous()`` (every host tensor then stored as it is), compiled from the function's own
+    source so that it is the runner's merge less those two reads and nothing else. Made once: the
+    table is read again while the ablation is in place."""
+    from omnigen.runtime import buffers
+
+    source = textwrap.dedent(inspect.getsource(buffers.merge_updates))
+    for read in HOST_LAYOUT_READS:
+        if source.count(read) != 1:
+            raise RuntimeError(
+                f"--ablate host_layout: buffers.merge_updates no longer reads `{read}` once; "
+                "update HOST_LAYOUT_READS in benchmarks/host_overhead.py"
+            )
+        source = source.replace(read, "")
+    namespace = dict(vars(buffers))
+    exec(compile(source, "<merge_updates without host_layout>", "exec"), namespace)
+    return namespace["merge_updates"]
+
+
+HOST_LAYOUT_READS = ("and not item.requires_grad", "and item.is_contiguous()")
+"""What ``merge_updates`` reads of a host tensor, beyond ``is_cpu``, to store it as it is."""
+
 NOT_CLAUSES = ("collector_hold",)
 """Entries of ``_ablations()`` that switch off an optimization, not a clause: ``all`` keeps them."""
 
@@ -532,6 +558,10 @@ def _ablations() -> dict[str, tuple[str, list[tuple[object, str, object]]]]:
         "merges": (
             "4.1: each row's update merged into its buffer (and its owned copies)",
             [(buffers, "merge_updates", lambda *a: None), (base.OmniRunnerBase, "_update_intermediate_buffer", lambda self, req_id, update: None)],
+        ),
+        "host_layout": (
+            "4.1 as vllm-omni keeps it: a stored host tensor detached and contiguous (two reads of each)",
+            [(buffers, "merge_updates", _merge_without_host_layout())],
         ),
         "owned_copies": (
             "4.1 / buffers.gpu_resident: an owned device copy of each GPU-resident update",

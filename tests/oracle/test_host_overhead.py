@@ -8,8 +8,10 @@ from __future__ import annotations
 import contextlib
 import math
 from collections.abc import Iterator
+from types import SimpleNamespace
 
 import pytest
+import torch
 
 from benchmarks import host_overhead
 from tests.oracle import harness
@@ -119,3 +121,14 @@ def test_every_ablation_runs(cell):
     r = host_overhead.measure(host_overhead.CELLS[cell], 4, 2, 1, without=names)
     for name in ("oracle", "omnigen", *(f"without_{name}" for name in names)):
         assert math.isfinite(r[f"{name}_us"]) and r[f"{name}_hook_us"] > 0
+
+
+def test_the_host_layout_ablation_is_the_merge_less_its_two_reads():
+    merge = host_overhead._merge_without_host_layout()
+    strided, plain = torch.arange(6.0).reshape(3, 2).t(), torch.ones(2)
+    buffer: dict = {}
+    request = SimpleNamespace()
+    merge([buffer], [request], [{"h": {"strided": strided, "plain": plain}, "n": 1}], frozenset())
+    assert buffer["h"]["strided"] is strided, "stored as it is: its layout no longer read"
+    assert buffer == {"h": {"strided": strided, "plain": plain}, "n": 1}
+    assert request.additional_information_cpu is buffer
