@@ -39,6 +39,7 @@ import statistics
 import sys
 import textwrap
 import time
+import types
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -530,9 +531,14 @@ def _merge_without_host_layout() -> Callable[..., None]:
                 "update HOST_LAYOUT_READS in benchmarks/host_overhead.py"
             )
         source = source.replace(read, "")
-    namespace = dict(vars(buffers))
-    exec(compile(source, "<merge_updates without host_layout>", "exec"), namespace)
-    return namespace["merge_updates"]
+    scratch = dict(vars(buffers))
+    exec(compile(source, "<merge_updates without host_layout>", "exec"), scratch)
+    compiled = scratch["merge_updates"]
+    # The module's own globals, as the runner's merge has: a helper that another ablation replaces
+    # (``keep_on_device``) is the one it calls.
+    return types.FunctionType(
+        compiled.__code__, vars(buffers), compiled.__name__, compiled.__defaults__, compiled.__closure__
+    )
 
 
 HOST_LAYOUT_READS = ("and not item.requires_grad", "and item.is_contiguous()")
@@ -555,13 +561,15 @@ def _ablations() -> dict[str, tuple[str, list[tuple[object, str, object]]]]:
             "3.5: every hook result checked before a write (but a talker-MTP decode row's)",
             [(phases, "row_output", _unchecked), (phases, "batch_output", _unchecked)],
         ),
-        "merges": (
-            "4.1: each row's update merged into its buffer (and its owned copies)",
-            [(buffers, "merge_updates", lambda *a: None), (base.OmniRunnerBase, "_update_intermediate_buffer", lambda self, req_id, update: None)],
-        ),
+        # Before "merges", which replaces the same function: with both (``all``), the merges' no-op
+        # is the one left in place.
         "host_layout": (
             "4.1 as vllm-omni keeps it: a stored host tensor detached and contiguous (two reads of each)",
             [(buffers, "merge_updates", _merge_without_host_layout())],
+        ),
+        "merges": (
+            "4.1: each row's update merged into its buffer (and its owned copies)",
+            [(buffers, "merge_updates", lambda *a: None), (base.OmniRunnerBase, "_update_intermediate_buffer", lambda self, req_id, update: None)],
         ),
         "owned_copies": (
             "4.1 / buffers.gpu_resident: an owned device copy of each GPU-resident update",

@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from benchmarks import host_overhead
+from omnigen.runtime import buffers
 from tests.oracle import harness
 
 pytestmark = pytest.mark.oracle
@@ -132,3 +133,16 @@ def test_the_host_layout_ablation_is_the_merge_less_its_two_reads():
     assert buffer["h"]["strided"] is strided, "stored as it is: its layout no longer read"
     assert buffer == {"h": {"strided": strided, "plain": plain}, "n": 1}
     assert request.additional_information_cpu is buffer
+    assert merge.__globals__ is vars(buffers), "calls the module's helpers, as ablated elsewhere"
+
+
+def test_every_clause_at_once_leaves_no_merge():
+    """``all`` with both ``host_layout`` and ``merges``: the merges' no-op is what stays."""
+    every = [name for name in host_overhead._ablations() if name not in host_overhead.NOT_CLAUSES]
+    saved = host_overhead.ablate(every)
+    try:
+        buffer: dict = {}
+        buffers.merge_updates([buffer], [SimpleNamespace()], [{"h": {"x": torch.ones(1)}}], frozenset())
+        assert buffer == {}
+    finally:
+        host_overhead.restore(saved)
