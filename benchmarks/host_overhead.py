@@ -51,7 +51,7 @@ import torch  # noqa: E402
 from vllm.utils.gc_utils import freeze_gc_heap  # noqa: E402
 
 from omnigen import api  # noqa: E402
-from omnigen.runtime import vllm_api  # noqa: E402
+from omnigen.runtime import buffers, vllm_api  # noqa: E402
 from tests.oracle import harness  # noqa: E402
 from tests.oracle.dummy_model import HIDDEN, NUM_CODES, DummyTalkerModel, make_model  # noqa: E402
 from tests.oracle.policy_map import policy_from_plan  # noqa: E402
@@ -519,11 +519,10 @@ def _unchecked(_ids: object, out: object, *args: object, **kwargs: object) -> ob
 def _merge_without_host_layout() -> Callable[..., None]:
     """``buffers.merge_updates`` without its reads of a host tensor's ``requires_grad`` and
     ``is_contiguous()`` (every host tensor then stored as it is), compiled from the function's own
-    source so that it is the runner's merge less those two reads and nothing else. Made once: the
-    table is read again while the ablation is in place."""
-    from omnigen.runtime import buffers
-
-    source = textwrap.dedent(inspect.getsource(buffers.merge_updates))
+    source so that it is the runner's merge less those two reads and nothing else. Made once, on
+    the first call of the ablation's merge: ``buffers.merge_updates`` is that wrapper by then, so
+    the source read is the one this module found at import (``MERGE_UPDATES``)."""
+    source = textwrap.dedent(inspect.getsource(MERGE_UPDATES))
     for read in HOST_LAYOUT_READS:
         if source.count(read) != 1:
             raise RuntimeError(
@@ -541,8 +540,19 @@ def _merge_without_host_layout() -> Callable[..., None]:
     )
 
 
+MERGE_UPDATES = buffers.merge_updates
+"""The runner's merge as imported, before any ablation replaced it."""
 HOST_LAYOUT_READS = ("and not item.requires_grad", "and item.is_contiguous()")
 """What ``merge_updates`` reads of a host tensor, beyond ``is_cpu``, to store it as it is."""
+
+
+def _merge_updates_without_host_layout(*args: object, **kwargs: object) -> None:
+    """The ``host_layout`` ablation's ``merge_updates``: compiled on its first call, not when the
+    ablations' table is read (every run reads it, for ``--ablate``'s choices), so that only a run
+    that ablates it pays for the compile or fails if the source moved. One call more a merge call
+    (a step's rows merge in one)."""
+    return _merge_without_host_layout()(*args, **kwargs)
+
 
 NOT_CLAUSES = ("collector_hold",)
 """Entries of ``_ablations()`` that switch off an optimization, not a clause: ``all`` keeps them."""
@@ -551,7 +561,7 @@ NOT_CLAUSES = ("collector_hold",)
 def _ablations() -> dict[str, tuple[str, list[tuple[object, str, object]]]]:
     """Each contract mechanism the hot path pays for: ``name -> (the clause, the replacements that
     switch it off)``. Diagnostics only: without one the runner is no longer the contract's."""
-    from omnigen.runtime import base, buffers, mtp, phases
+    from omnigen.runtime import base, mtp, phases
 
     return {
         "journal": ("issue 9: a failed step is undone (StepJournal)", [(phases, "StepJournal", _NoJournal)]),
@@ -565,7 +575,7 @@ def _ablations() -> dict[str, tuple[str, list[tuple[object, str, object]]]]:
         # is the one left in place.
         "host_layout": (
             "4.1 as vllm-omni keeps it: a stored host tensor detached and contiguous (two reads of each)",
-            [(buffers, "merge_updates", _merge_without_host_layout())],
+            [(buffers, "merge_updates", _merge_updates_without_host_layout)],
         ),
         "merges": (
             "4.1: each row's update merged into its buffer (and its owned copies)",

@@ -125,15 +125,23 @@ def test_every_ablation_runs(cell):
 
 
 def test_the_host_layout_ablation_is_the_merge_less_its_two_reads():
-    merge = host_overhead._merge_without_host_layout()
-    strided, plain = torch.arange(6.0).reshape(3, 2).t(), torch.ones(2)
-    buffer: dict = {}
-    request = SimpleNamespace()
-    merge([buffer], [request], [{"h": {"strided": strided, "plain": plain}, "n": 1}], frozenset())
+    """Through ``ablate``, compiled on the merge's first call while the ablation is in place."""
+    host_overhead._merge_without_host_layout.cache_clear()
+    saved = host_overhead.ablate(["host_layout"])
+    try:
+        strided, plain = torch.arange(6.0).reshape(3, 2).t(), torch.ones(2)
+        buffer: dict = {}
+        request = SimpleNamespace()
+        update = {"h": {"strided": strided, "plain": plain}, "n": 1}
+        buffers.merge_updates([buffer], [request], [update], frozenset())
+    finally:
+        host_overhead.restore(saved)
     assert buffer["h"]["strided"] is strided, "stored as it is: its layout no longer read"
     assert buffer == {"h": {"strided": strided, "plain": plain}, "n": 1}
     assert request.additional_information_cpu is buffer
+    merge = host_overhead._merge_without_host_layout()
     assert merge.__globals__ is vars(buffers), "calls the module's helpers, as ablated elsewhere"
+    assert buffers.merge_updates is host_overhead.MERGE_UPDATES, "restored"
 
 
 def test_every_clause_at_once_leaves_no_merge():
