@@ -50,6 +50,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 # vllm-omni (the baseline) is installed beside omnigen: keep its vLLM plugin from patching vLLM.
 os.environ.setdefault("VLLM_PLUGINS", "omnigen")
+# omnigen's plugin registers the tiny test models these runs build (omnigen.models).
+os.environ.setdefault("OMNIGEN_MODELS", "omnigen_tiny,omnigen_tiny_omni")
 
 import torch  # noqa: E402
 from rich import box  # noqa: E402

@@ -70,6 +70,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 # vllm-omni (the baseline) is installed beside omnigen: keep its vLLM plugin from patching vLLM.
 os.environ.setdefault("VLLM_PLUGINS", "omnigen")
+# omnigen's plugin registers the tiny test models these runs build (omnigen.models).
+os.environ.setdefault("OMNIGEN_MODELS", "omnigen_tiny,omnigen_tiny_omni")
 
 BATCHED = ("tts_mtp", "tts_mtp_seeded", "plain", "omni_talker")
 DUMPS = "OMNIGEN_INSTRUCTIONS_DUMPS"

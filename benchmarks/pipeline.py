@@ -25,6 +25,8 @@ import time
 
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 os.environ.setdefault("VLLM_PLUGINS", "omnigen")
+# omnigen's plugin registers the tiny test models these runs build (omnigen.models).
+os.environ.setdefault("OMNIGEN_MODELS", "omnigen_tiny,omnigen_tiny_omni")
 
 SAMPLE_RATE = 16000
 MAX_TOKENS = 12

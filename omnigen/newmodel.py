@@ -33,6 +33,10 @@ def model_yaml(name: str, stage: str) -> str:
         depth = path.count(".")
         indent = "  " * depth
         leaf = path.rsplit(".", 1)[-1]
+        if key.type.startswith("dict[str, ") and path != "stages":
+            lines += _comment(key, indent)
+            lines.append(f"{indent}{leaf}: {{}}")
+            continue
         if key.type == "section" or key.type.startswith("dict[str, "):
             lines += _comment(key, indent)
             lines.append(f"{indent}{leaf}:")

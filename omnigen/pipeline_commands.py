@@ -8,7 +8,7 @@ from pathlib import Path
 
 import click
 
-from omnigen import pipeline
+from omnigen import paths, pipeline
 
 log = logging.getLogger("omnigen.serving")
 
@@ -17,10 +17,23 @@ log = logging.getLogger("omnigen.serving")
 _RUNNER_OVERRIDES = ("model.", "+model.", "~model.", "device=", "graph=", "mtp_graph=")
 
 
-def run(command: str, model: str, overrides: Sequence[str]) -> int:
-    from omnigen.serving.pipeline import Pipeline, PipelineError
-    from omnigen.serving.settings import SettingsError, prompt_of, read_settings, sampling_of
+def with_model_serve_config(model: str, overrides: Sequence[str]) -> list[str]:
+    """``serve=<model>`` first when the user chose no serve config and the model has one
+    (``conf/serve/<model>.yaml``: its stages, engine arguments and sampling)."""
+    if any(o.startswith(("serve=", "+serve=", "~serve")) for o in overrides):
+        return list(overrides)
+    folders = [paths.conf_dir(), *paths.extra_config_dirs()]
+    if any((folder / "serve" / f"{model}.yaml").is_file() for folder in folders):
+        return [f"serve={model}", *overrides]
+    return list(overrides)
 
+
+def run(command: str, model: str, overrides: Sequence[str]) -> int:
+    from omnigen.requests.base import RequestError, SpeechInput
+    from omnigen.serving.pipeline import Pipeline, PipelineError
+    from omnigen.serving.settings import SettingsError, build_request, read_settings, sampling_of
+
+    overrides = with_model_serve_config(model, overrides)
     cfg = pipeline.compose_config(model, overrides)
     plan = pipeline.plan_from_config(cfg, model, overrides)
     try:
@@ -47,8 +60,13 @@ def run(command: str, model: str, overrides: Sequence[str]) -> int:
             serve(pipe, settings)
             return 0
         try:
-            prompt = prompt_of(settings, settings.prompt, settings.prompt_token_ids)
-            (out,) = pipe.generate([prompt], sampling_of(settings, plan, settings.seed))
+            speech = SpeechInput(input=settings.prompt, seed=settings.seed, **settings.request_options)
+            built = build_request(settings, speech, settings.prompt_token_ids)
+            sampling = sampling_of(settings, plan, settings.seed, built.max_tokens, built.sampling)
+            (out,) = pipe.generate([built.prompt], sampling, payloads=[built.payload])
+        except RequestError as exc:
+            log.error("omnigen run: serve.request.%s", exc)
+            return 1
         except (PipelineError, SettingsError) as exc:
             log.error("omnigen run: %s", exc)
             return 1

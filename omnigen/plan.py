@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from omnigen.schema import DecodeBatch, Device, MTPGraph, PerRowGenerators
-from omnigen.spec import BuildSpec, ModelSpec, PostprocessSpec, StageSpec, resolve_mtp_graph
+from omnigen.spec import BuildSpec, CheckpointSpec, ModelSpec, PostprocessSpec, StageSpec, resolve_mtp_graph
 
 # Contract clauses (CONTRACT.md section numbers) and what each covers.
 CLAUSES: dict[str, str] = {
@@ -150,6 +150,8 @@ class StagePlan:
     transport: str = "inline"
     devices: str | None = None
     decisions: tuple[Decision, ...] = field(default=())
+    model_class: str | None = None
+    """The class vLLM builds for ``arch`` (registered wherever the model is served), or None."""
 
     @property
     def is_generation(self) -> bool:
@@ -227,6 +229,14 @@ class ModelPlan:
     async_chunk: bool
     device: str
     stages: tuple[StagePlan, ...]
+    checkpoint: CheckpointSpec = CheckpointSpec()
+
+    @property
+    def model_classes(self) -> dict[str, str]:
+        """Every ``arch -> dotted class path`` the model declares: its stages' and the extra ones."""
+        found = {s.arch: s.model_class for s in self.stages if s.model_class}
+        found.update(self.checkpoint.extra_classes)
+        return dict(sorted(found.items()))
 
     @property
     def package(self) -> str:
@@ -254,6 +264,14 @@ class ModelPlan:
             "source": self.source,
             "async_chunk": self.async_chunk,
             "device": self.device,
+            "checkpoint": {
+                "provider": self.checkpoint.provider,
+                "install": self.checkpoint.install,
+                "model_type": self.checkpoint.model_type,
+                "config_class": self.checkpoint.config_class,
+                "model_classes": self.model_classes,
+                "request_builder": self.checkpoint.request_builder,
+            },
             "stages": {
                 s.stage: {
                     "order": s.order,
@@ -291,6 +309,7 @@ def plan_build(build: BuildSpec) -> ModelPlan:
         source=model.source,
         async_chunk=model.async_chunk,
         device=build.device.value,
+        checkpoint=model.checkpoint,
         stages=tuple(
             _plan_stage(model, stage, build, feeds_input_function=_next_input_function(model, i) is not None)
             for i, stage in enumerate(model.stages)
@@ -546,6 +565,7 @@ def _plan_stage(
         transport=stage.transport,
         devices=stage.devices,
         decisions=tuple(decisions),
+        model_class=stage.model_class,
     )
 
 

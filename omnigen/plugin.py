@@ -1,4 +1,4 @@
-"""vLLM general plugin: makes omnigen's tiny test models known to vLLM.
+"""vLLM general plugin: registers the classes of the models ``OMNIGEN_MODELS`` names.
 
 Declared in pyproject.toml as::
 
@@ -7,35 +7,18 @@ Declared in pyproject.toml as::
 
 vLLM calls every ``vllm.general_plugins`` entry point (those ``VLLM_PLUGINS`` names, when
 set) in each process that builds models: the engine process (when it creates the engine
-config) and every worker (``WorkerWrapperBase.init_worker``). ``register`` must therefore be
-cheap and idempotent.
-
-It registers the model classes themselves, not ``"module:Class"`` strings. vLLM inspects a
-string-registered out-of-tree class in a fresh ``python -m`` subprocess (to keep CUDA out
-of the parent), which re-imports vLLM: about 10 s per architecture on these CPUs whenever
-its modelinfo cache (``$VLLM_CACHE_ROOT/modelinfos``, keyed by the module's hash) is cold,
-i.e. on every fresh machine and after every edit of ``tiny_omni.py``. The tiny models'
-module imports only torch at module level (vLLM's own imports are inside the classes) and
-touches no device, so importing it here costs a few milliseconds.
+config) and every worker (``WorkerWrapperBase.init_worker``). ``register`` reads which models
+to register from the environment (``omnigen.models.ENV``; omnigen's driver sets it for the
+engines it starts) and registers exactly what each model's built package declares
+(``omnigen.models``). With the variable unset it registers nothing: a user's vLLM process that
+serves no omnigen model is left as it was.
 """
 
 from __future__ import annotations
 
-_registered = False
-
 
 def register() -> None:
-    """Register the tiny omni architectures with vLLM's ModelRegistry (idempotent)."""
-    global _registered
-    if _registered:
-        return
+    """Register the declared classes of every model ``OMNIGEN_MODELS`` names (idempotent)."""
+    from omnigen import models
 
-    from vllm import ModelRegistry
-
-    from omnigen.testing import tiny_omni
-
-    supported = ModelRegistry.get_supported_archs()
-    for arch, qualname in tiny_omni.TINY_ARCHS.items():
-        if arch not in supported:
-            ModelRegistry.register_model(arch, getattr(tiny_omni, qualname.rpartition(":")[2]))
-    _registered = True
+    models.register_from_env()

@@ -240,6 +240,15 @@ def render_model_init(plan: ModelPlan, overrides: tuple[str, ...]) -> str:
         *[f'    "{s.stage}": "{s.module}.{s.worker_class}",' for s in plan.stages],
         "}",
         "",
+        "# What serving this model registers with vLLM in each of its processes (omnigen.models).",
+        f"ARCHS = {_pyrepr({s.stage: s.arch for s in plan.stages})}",
+        f"MODEL_CLASSES = {_pyrepr(plan.model_classes)}",
+        f"PROVIDER = {_pyrepr(plan.checkpoint.provider)}",
+        f"PROVIDER_INSTALL = {_pyrepr(plan.checkpoint.install)}",
+        f"CONFIG_CLASS = {_pyrepr(plan.checkpoint.config_class)}",
+        f"MODEL_TYPE = {_pyrepr(plan.checkpoint.model_type)}",
+        f"REQUEST_BUILDER = {_pyrepr(plan.checkpoint.request_builder)}",
+        "",
     ]
     return "\n".join(lines)
 

@@ -272,6 +272,33 @@ class StageModelConfigConf:
 
 
 @dataclass
+class CheckpointConf:
+    """How a real checkpoint of the model is served: who provides its classes, how a request
+    becomes the first stage's input. Registered with vLLM in every process that serves the model."""
+
+    provider: Optional[str] = None
+    """The distribution that provides the model classes (``vllm-omni``); null: omnigen or vLLM."""
+
+    install: Optional[str] = None
+    """The command that installs the provider (named in the error when it is missing)."""
+
+    model_type: Optional[str] = None
+    """The checkpoint's ``config.json`` ``model_type``, registered with transformers' ``AutoConfig``
+    and vLLM's config registry when ``config_class`` is set."""
+
+    config_class: Optional[str] = None
+    """Dotted path of the checkpoint's HF config class; null: transformers knows ``model_type``."""
+
+    extra_classes: Dict[str, str] = field(default_factory=dict)
+    """Further ``arch: dotted.path.Class`` a stage's class builds through vLLM's registry (the parts
+    of a wrapper class)."""
+
+    request_builder: Optional[str] = None
+    """Dotted path of the class that turns a user's request into the first stage's prompt and
+    payload (``omnigen.requests``); null: the first stage takes the text (or token ids) as given."""
+
+
+@dataclass
 class StageConf:
     """One stage of a model's pipeline, run by one generated runner."""
 
@@ -283,6 +310,10 @@ class StageConf:
 
     arch: Optional[str] = None
     """The ``model_arch`` vLLM sees for this stage; null means the model's ``arch``."""
+
+    model_class: Optional[str] = None
+    """Dotted path of the model class vLLM builds for ``arch``, registered with vLLM's
+    ``ModelRegistry`` wherever the model is served; null: a class vLLM knows by itself."""
 
     final_output: FinalOutput = FinalOutput.none
     """What the stage publishes to the user: ``none``, ``text`` or ``audio``."""
@@ -367,15 +398,47 @@ class ModelConf:
     stages: Dict[str, StageConf] = field(default_factory=dict)
     """The stages, keyed by stage name (a Python identifier); ``order`` sets their sequence."""
 
+    checkpoint: CheckpointConf = field(default_factory=CheckpointConf)
+    """How the model's real checkpoints are served (classes, provider, request builder)."""
+
+
+@dataclass
+class RunRequestConf:
+    """``omnigen run``'s request options beside ``serve.prompt`` (the HTTP API's fields of the
+    same names); a model without a request builder refuses every one that is set."""
+
+    voice: Optional[str] = None
+    """A voice of the checkpoint (``GET /v1/audio/voices``); null: the model's default."""
+
+    language: Optional[str] = None
+    """The language of the text; null: the model's default (Qwen3-TTS: Auto)."""
+
+    instructions: Optional[str] = None
+    """Style instructions (Qwen3-TTS CustomVoice and VoiceDesign)."""
+
+    task_type: Optional[str] = None
+    """The model's task (Qwen3-TTS: CustomVoice, VoiceDesign, Base); null: the checkpoint's."""
+
+    ref_audio: Optional[str] = None
+    """Reference audio to clone a voice from: a local file or a ``data:`` URI."""
+
+    ref_text: Optional[str] = None
+    """The transcript of ``ref_audio``."""
+
 
 @dataclass
 class ServeConf:
     """How ``omnigen run`` and ``omnigen serve`` run a model's whole pipeline (CONTRACT 8)."""
 
-    models: Dict[str, str] = field(default_factory=dict)
-    """Each stage's model: a checkpoint folder or hub name, or ``omnigen_tiny:VARIANT`` for
-    omnigen's tiny test models (written to a temporary folder; ``omnigen_tiny:thinker`` with
-    its tokenizer)."""
+    checkpoint: Optional[str] = None
+    """The checkpoint folder (or hub name) of every stage that ``models`` does not name: the
+    released checkpoints of most models are one folder for all their stages."""
+
+    models: Dict[str, Optional[str]] = field(default_factory=dict)
+    """Each stage's model where it differs from ``checkpoint``: a checkpoint folder or hub name,
+    or ``omnigen_tiny:VARIANT`` for omnigen's tiny test models (written to a temporary folder;
+    ``omnigen_tiny:thinker`` with its tokenizer). A model's serve config
+    (``conf/serve/<model>.yaml``) lists its stages, so ``serve.models.STAGE=DIR`` needs no ``+``."""
 
     mode: PipelineMode = PipelineMode.mp
     """``mp``: one engine-core process per stage (``serve`` needs it); ``inproc``: every engine
@@ -397,17 +460,26 @@ class ServeConf:
     temperature: float = 0.0
     """Sampling temperature of the autoregressive stages."""
 
+    sampling: Dict[str, Dict[str, Any]] = field(default_factory=dict)
+    """Per stage, vLLM ``SamplingParams`` fields of every request (``temperature``, ``top_k``,
+    ``min_tokens``, ``repetition_penalty``, ``max_tokens``, ``detokenize``, ...); they replace
+    ``max_tokens`` and ``temperature`` for that stage. A request's own seed and token budget win."""
+
     seed: Optional[int] = None
     """A request's seed (also its code predictor's, ``tts_local_seed``); null: unseeded."""
 
-    sample_rate: int = 24000
-    """Samples per second of the final audio stage (the WAV header)."""
+    sample_rate: Optional[int] = None
+    """Samples per second of the final audio stage (the WAV header); null: what the checkpoint
+    says (the model's request builder reads it), else 24000."""
 
     prompt: str = "Hello from omnigen."
     """``omnigen run``'s text prompt."""
 
     prompt_token_ids: Optional[List[int]] = None
     """``omnigen run``'s prompt as token ids (instead of ``prompt``)."""
+
+    request: RunRequestConf = field(default_factory=RunRequestConf)
+    """``omnigen run``'s request options (voice, language, ...)."""
 
     output: str = "omnigen.wav"
     """Where ``omnigen run`` writes the audio."""

@@ -80,6 +80,19 @@ class PostprocessSpec:
 
 
 @dataclass(frozen=True)
+class CheckpointSpec:
+    """How the model's real checkpoints are served (schema ``CheckpointConf``)."""
+
+    provider: str | None = None
+    install: str | None = None
+    model_type: str | None = None
+    config_class: str | None = None
+    extra_classes: tuple[tuple[str, str], ...] = ()
+    """``(arch, dotted class path)``, sorted."""
+    request_builder: str | None = None
+
+
+@dataclass(frozen=True)
 class StageSpec:
     name: str
     order: int
@@ -119,6 +132,7 @@ class StageSpec:
     request_ids: bool
     model_stage: str | None
     hf_config_name: str | None
+    model_class: str | None = None
 
     @property
     def producer(self) -> bool:
@@ -134,6 +148,7 @@ class ModelSpec:
     stages: tuple[StageSpec, ...]
     source: str
     """Config file the model came from, relative to the config root (``conf/model/x.yaml``)."""
+    checkpoint: CheckpointSpec = CheckpointSpec()
 
     def stage(self, name: str) -> StageSpec:
         for stage in self.stages:
@@ -334,6 +349,42 @@ def _model_spec(model: ModelConf, findings: _Findings, file_stem: str | None) ->
         async_chunk=model.async_chunk,
         stages=stages,
         source=model_source(file_stem or model.name),
+        checkpoint=_checkpoint_spec(model.checkpoint, stages, findings),
+    )
+
+
+def _checkpoint_spec(checkpoint: Any, stages: tuple[StageSpec, ...], findings: _Findings) -> CheckpointSpec:
+    """The checkpoint section: every class a dotted path, a config class with its model_type."""
+    for name in ("config_class", "request_builder"):
+        value = getattr(checkpoint, name)
+        if value is not None and not is_dotted_path(value):
+            findings.add(f"checkpoint.{name}", f"{value!r} is not a dotted path; write package.module.Class")
+    for arch, path in checkpoint.extra_classes.items():
+        if not is_identifier(arch):
+            findings.add(f"checkpoint.extra_classes.{arch}", f"{arch!r} is not an architecture name")
+        if not is_dotted_path(path):
+            findings.add(
+                f"checkpoint.extra_classes.{arch}",
+                f"{path!r} is not a dotted path; write package.module.Class",
+            )
+    if (checkpoint.config_class is None) != (checkpoint.model_type is None):
+        findings.add(
+            "checkpoint.model_type",
+            "config_class and model_type go together: the class is registered under the "
+            "checkpoint's model_type; set both or neither",
+        )
+    if checkpoint.provider is not None and not any(s.model_class for s in stages):
+        findings.add(
+            "checkpoint.provider",
+            f"{checkpoint.provider!r} provides no class: name each stage's model_class, or drop the provider",
+        )
+    return CheckpointSpec(
+        provider=checkpoint.provider,
+        install=checkpoint.install,
+        model_type=checkpoint.model_type,
+        config_class=checkpoint.config_class,
+        extra_classes=tuple(sorted(checkpoint.extra_classes.items())),
+        request_builder=checkpoint.request_builder,
     )
 
 
@@ -350,6 +401,8 @@ def _stage_spec(model: ModelConf, name: str, stage: Any, *, is_last: bool, findi
     arch = stage.arch or model.arch
     if stage.arch is not None and not is_identifier(stage.arch):
         add(f"{key}.arch", f"{stage.arch!r} is not a Python identifier; use vLLM's model_arch name")
+    if stage.model_class is not None and not is_dotted_path(stage.model_class):
+        add(f"{key}.model_class", f"{stage.model_class!r} is not a dotted path; write package.module.Class")
     is_gen = stage.kind is StageKind.generation
 
     if stage.next_stage_input is not None:
@@ -521,6 +574,7 @@ def _stage_spec(model: ModelConf, name: str, stage: Any, *, is_last: bool, findi
         on_requests_finished=stage.on_requests_finished,
         seq_token_counts=is_gen and stage.generation.seq_token_counts,
         request_ids=is_gen and stage.generation.request_ids,
+        model_class=stage.model_class,
         model_stage=deployment.model_stage,
         hf_config_name=deployment.hf_config_name,
     )

@@ -8,3 +8,12 @@ WORKERS = {
     "slow_ar": "omnigen.generated.fish_speech.slow_ar.FishSpeechSlowArWorker",
     "dac_decoder": "omnigen.generated.fish_speech.dac_decoder.FishSpeechDacDecoderWorker",
 }
+
+# What serving this model registers with vLLM in each of its processes (omnigen.models).
+ARCHS = {"slow_ar": "FishSpeechSlowARForConditionalGeneration", "dac_decoder": "FishSpeechDACDecoder"}
+MODEL_CLASSES = {}
+PROVIDER = None
+PROVIDER_INSTALL = None
+CONFIG_CLASS = None
+MODEL_TYPE = None
+REQUEST_BUILDER = None

@@ -8,3 +8,15 @@ WORKERS = {
     "talker": "omnigen.generated.higgs_audio_v3.talker.HiggsAudioV3TalkerWorker",
     "code2wav": "omnigen.generated.higgs_audio_v3.code2wav.HiggsAudioV3Code2wavWorker",
 }
+
+# What serving this model registers with vLLM in each of its processes (omnigen.models).
+ARCHS = {
+    "talker": "HiggsAudioV3TalkerForConditionalGeneration",
+    "code2wav": "HiggsAudioV3Code2WavForConditionalGeneration",
+}
+MODEL_CLASSES = {}
+PROVIDER = None
+PROVIDER_INSTALL = None
+CONFIG_CLASS = None
+MODEL_TYPE = None
+REQUEST_BUILDER = None

@@ -8,3 +8,15 @@ WORKERS = {
     "indextts2_5_talker": "omnigen.generated.indextts2_5.indextts2_5_talker.Indextts25Indextts25TalkerWorker",
     "s2mel_decoder": "omnigen.generated.indextts2_5.s2mel_decoder.Indextts25S2melDecoderWorker",
 }
+
+# What serving this model registers with vLLM in each of its processes (omnigen.models).
+ARCHS = {
+    "indextts2_5_talker": "IndexTTS25TalkerForConditionalGeneration",
+    "s2mel_decoder": "IndexTTS25S2MelDecoder",
+}
+MODEL_CLASSES = {}
+PROVIDER = None
+PROVIDER_INSTALL = None
+CONFIG_CLASS = None
+MODEL_TYPE = None
+REQUEST_BUILDER = None

@@ -8,3 +8,12 @@ WORKERS = {
     "fused_thinker_talker": "omnigen.generated.mimo_audio.fused_thinker_talker.MimoAudioFusedThinkerTalkerWorker",
     "code2wav": "omnigen.generated.mimo_audio.code2wav.MimoAudioCode2wavWorker",
 }
+
+# What serving this model registers with vLLM in each of its processes (omnigen.models).
+ARCHS = {"fused_thinker_talker": "MiMoAudioModel", "code2wav": "MiMoAudioModel"}
+MODEL_CLASSES = {}
+PROVIDER = None
+PROVIDER_INSTALL = None
+CONFIG_CLASS = None
+MODEL_TYPE = None
+REQUEST_BUILDER = None

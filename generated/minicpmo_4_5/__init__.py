@@ -9,3 +9,16 @@ WORKERS = {
     "tts": "omnigen.generated.minicpmo_4_5.tts.Minicpmo45TtsWorker",
     "code2wav": "omnigen.generated.minicpmo_4_5.code2wav.Minicpmo45Code2wavWorker",
 }
+
+# What serving this model registers with vLLM in each of its processes (omnigen.models).
+ARCHS = {
+    "llm": "MiniCPMO45OmniForConditionalGeneration",
+    "tts": "MiniCPMO45OmniForConditionalGeneration",
+    "code2wav": "MiniCPMO45Code2Wav",
+}
+MODEL_CLASSES = {}
+PROVIDER = None
+PROVIDER_INSTALL = None
+CONFIG_CLASS = None
+MODEL_TYPE = None
+REQUEST_BUILDER = None

@@ -8,3 +8,12 @@ WORKERS = {
     "talker": "omnigen.generated.moss_tts_local.talker.MossTtsLocalTalkerWorker",
     "codec": "omnigen.generated.moss_tts_local.codec.MossTtsLocalCodecWorker",
 }
+
+# What serving this model registers with vLLM in each of its processes (omnigen.models).
+ARCHS = {"talker": "MossTTSLocalModel", "codec": "MossTTSCodecDecoder"}
+MODEL_CLASSES = {}
+PROVIDER = None
+PROVIDER_INSTALL = None
+CONFIG_CLASS = None
+MODEL_TYPE = None
+REQUEST_BUILDER = None

@@ -8,3 +8,15 @@ WORKERS = {
     "talker": "omnigen.generated.omnigen_tiny.talker.OmnigenTinyTalkerWorker",
     "code2wav": "omnigen.generated.omnigen_tiny.code2wav.OmnigenTinyCode2wavWorker",
 }
+
+# What serving this model registers with vLLM in each of its processes (omnigen.models).
+ARCHS = {"talker": "OmnigenTinyTalkerForConditionalGeneration", "code2wav": "OmnigenTinyCode2Wav"}
+MODEL_CLASSES = {
+    "OmnigenTinyCode2Wav": "omnigen.testing.tiny_omni.OmnigenTinyCode2Wav",
+    "OmnigenTinyTalkerForConditionalGeneration": "omnigen.testing.tiny_omni.OmnigenTinyTalker",
+}
+PROVIDER = None
+PROVIDER_INSTALL = None
+CONFIG_CLASS = None
+MODEL_TYPE = None
+REQUEST_BUILDER = None

@@ -9,3 +9,20 @@ WORKERS = {
     "talker": "omnigen.generated.omnigen_tiny_omni.talker.OmnigenTinyOmniTalkerWorker",
     "code2wav": "omnigen.generated.omnigen_tiny_omni.code2wav.OmnigenTinyOmniCode2wavWorker",
 }
+
+# What serving this model registers with vLLM in each of its processes (omnigen.models).
+ARCHS = {
+    "thinker": "OmnigenTinyThinkerForConditionalGeneration",
+    "talker": "OmnigenTinyTalkerForConditionalGeneration",
+    "code2wav": "OmnigenTinyCode2Wav",
+}
+MODEL_CLASSES = {
+    "OmnigenTinyCode2Wav": "omnigen.testing.tiny_omni.OmnigenTinyCode2Wav",
+    "OmnigenTinyTalkerForConditionalGeneration": "omnigen.testing.tiny_omni.OmnigenTinyTalker",
+    "OmnigenTinyThinkerForConditionalGeneration": "omnigen.testing.tiny_omni.OmnigenTinyThinker",
+}
+PROVIDER = None
+PROVIDER_INSTALL = None
+CONFIG_CLASS = None
+MODEL_TYPE = None
+REQUEST_BUILDER = None

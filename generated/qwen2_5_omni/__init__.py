@@ -9,3 +9,16 @@ WORKERS = {
     "talker": "omnigen.generated.qwen2_5_omni.talker.Qwen25OmniTalkerWorker",
     "code2wav": "omnigen.generated.qwen2_5_omni.code2wav.Qwen25OmniCode2wavWorker",
 }
+
+# What serving this model registers with vLLM in each of its processes (omnigen.models).
+ARCHS = {
+    "thinker": "Qwen2_5OmniForConditionalGeneration",
+    "talker": "Qwen2_5OmniForConditionalGeneration",
+    "code2wav": "Qwen2_5OmniForConditionalGeneration",
+}
+MODEL_CLASSES = {}
+PROVIDER = None
+PROVIDER_INSTALL = None
+CONFIG_CLASS = None
+MODEL_TYPE = None
+REQUEST_BUILDER = None

@@ -9,3 +9,16 @@ WORKERS = {
     "talker": "omnigen.generated.qwen3_omni.talker.Qwen3OmniTalkerWorker",
     "code2wav": "omnigen.generated.qwen3_omni.code2wav.Qwen3OmniCode2wavWorker",
 }
+
+# What serving this model registers with vLLM in each of its processes (omnigen.models).
+ARCHS = {
+    "thinker": "Qwen3OmniMoeForConditionalGeneration",
+    "talker": "Qwen3OmniMoeForConditionalGeneration",
+    "code2wav": "Qwen3OmniMoeForConditionalGeneration",
+}
+MODEL_CLASSES = {}
+PROVIDER = None
+PROVIDER_INSTALL = None
+CONFIG_CLASS = None
+MODEL_TYPE = None
+REQUEST_BUILDER = None

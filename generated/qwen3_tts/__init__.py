@@ -8,3 +8,15 @@ WORKERS = {
     "qwen3_tts": "omnigen.generated.qwen3_tts.qwen3_tts.Qwen3TtsWorker",
     "code2wav": "omnigen.generated.qwen3_tts.code2wav.Qwen3TtsCode2wavWorker",
 }
+
+# What serving this model registers with vLLM in each of its processes (omnigen.models).
+ARCHS = {"qwen3_tts": "Qwen3TTSTalkerForConditionalGeneration", "code2wav": "Qwen3TTSCode2Wav"}
+MODEL_CLASSES = {
+    "Qwen3TTSCode2Wav": "vllm_omni.model_executor.models.qwen3_tts.qwen3_tts_code2wav.Qwen3TTSCode2Wav",
+    "Qwen3TTSTalkerForConditionalGeneration": "vllm_omni.model_executor.models.qwen3_tts.qwen3_tts_talker.Qwen3TTSTalkerForConditionalGeneration",
+}
+PROVIDER = "vllm-omni"
+PROVIDER_INSTALL = "pip install 'omnigen[vllm-omni]'"
+CONFIG_CLASS = "vllm_omni.model_executor.models.qwen3_tts.configuration_qwen3_tts.Qwen3TTSConfig"
+MODEL_TYPE = "qwen3_tts"
+REQUEST_BUILDER = "omnigen.requests.qwen3_tts.Qwen3TTSRequestBuilder"

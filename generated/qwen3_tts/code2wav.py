@@ -89,6 +89,8 @@ class Qwen3TtsCode2wavRunner(OmniRunnerBase, vllm_api.GPUModelRunner):
         ) = super()._preprocess(scheduler_output, num_input_tokens, intermediate_tensors)
         # buffers.refresh_every_step: the scheduler's payloads merge on every step.
         self._update_additional_information(scheduler_output)
+        # async_chunk=false: connector-delivered full payloads override earlier infos.
+        self._sync_local_stage_payloads()
         return input_ids, inputs_embeds, positions, intermediate_tensors, model_kwargs, ec_connector_output
 
     def _should_accumulate_full_payload_output(self) -> bool:
@@ -134,4 +136,4 @@ class Qwen3TtsCode2wavWorker(worker_base("auto")):
     runner_class = Qwen3TtsCode2wavRunner
     # The model reads these from vLLM's model_config; the worker sets them before building it:
     # async_chunk from async_chunk.
-    model_config_fields = {"async_chunk": True}
+    model_config_fields = {"async_chunk": False}

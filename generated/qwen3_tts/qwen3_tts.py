@@ -4,7 +4,7 @@
 
 An autoregressive stage that feeds the next stage. It has: per-row preprocess hook; batched decode preprocessing (mtp); talker MTP (graph safe, per-row generators eager_only); post-forward hook; output assembly by make_omni_output; text-only M-RoPE positions.
 
-Contract clauses (shared/docs/CONTRACT.md): 1.1, 1.1-omni-output, 1.3, 2.1, 2.2, 2.3, 3.1, 3.2, 3.3, 3.3-batch-mtp, 3.4, 3.5, 3.6, 4.1, 4.2, 4.2-every-step, 4.4, 4.5, 5.2, 6, 7.1, 7.2, 7.2-make-omni-output, 7.5, 7.6, 7.7-batch-req-ids, 7.7-logits-metadata, 7.8, 8.2.
+Contract clauses (shared/docs/CONTRACT.md): 1.1, 1.1-omni-output, 1.3, 2.1, 2.2, 2.3, 3.1, 3.2, 3.3, 3.3-batch-mtp, 3.4, 3.5, 3.6, 4.1, 4.2, 4.2-every-step, 4.4, 4.5, 5.1, 5.2, 6, 7.1, 7.2, 7.2-make-omni-output, 7.5, 7.6, 7.7-batch-req-ids, 7.7-logits-metadata, 7.8, 8.1, 8.2.
 Serve: vllm serve MODEL_PATH --worker-cls omnigen.generated.qwen3_tts.qwen3_tts.Qwen3TtsWorker --scheduler-cls omnigen.runtime.scheduler.OmniScheduler
 """
 
@@ -31,6 +31,8 @@ class Qwen3TtsRunner(OmniRunnerBase, vllm_api.GPUModelRunner):
     GPU_RESIDENT_KEYS = frozenset(
         {("codes", "audio"), ("hidden_states", "last"), ("hidden_states", "trailing_text")}
     )
+    # Each step publishes every payload key to the scheduler (8.1): a full-payload producer publishes every key: the next stage gets the whole payload.
+    PUBLISHED_KEYS = None
     # mtp.output_key: where the predicted codes land in a request's buffer.
     MTP_OUTPUT_KEY = ("codes", "audio")
     # mtp.sampling: the stage's defaults; a deployment's subtalker_sampling_params wins.
@@ -150,6 +152,8 @@ class Qwen3TtsRunner(OmniRunnerBase, vllm_api.GPUModelRunner):
         ) = super()._preprocess(scheduler_output, num_input_tokens, intermediate_tensors)
         # buffers.refresh_every_step: the scheduler's payloads merge on every step.
         self._update_additional_information(scheduler_output)
+        # async_chunk=false: connector-delivered full payloads override earlier infos.
+        self._sync_local_stage_payloads()
         # preprocess.hook: the hook reads and writes the persistent buffers, so a CUDA graph
         # replays the addresses it captured, and sees the scheduled ids even when a
         # multimodal wrapper passed none (3.6). Where vLLM's step handed back a tensor it is
@@ -428,8 +432,8 @@ class Qwen3TtsRunner(OmniRunnerBase, vllm_api.GPUModelRunner):
 
     def _should_accumulate_full_payload_output(self) -> bool:
         """Whether this stage keeps a full payload to send at request end (5.2)."""
-        # async-chunk mode streams chunks instead of a full payload
-        return False
+        # a producer with a full-payload function, not in async-chunk mode
+        return True
 
     def _should_defer_full_payload_d2h(self) -> bool:
         """Whether the full payload stays on the device until the request ends (5.3)."""
@@ -437,7 +441,7 @@ class Qwen3TtsRunner(OmniRunnerBase, vllm_api.GPUModelRunner):
         return False
 
     def _finish_step(self, step: step_outputs.StepSnapshot) -> None:
-        """After sampling: the post-forward hook on each row, then each request's published payload (7.1, 7.2)."""
+        """After sampling: the post-forward hook on each row, then each request's published payload (5.1, 7.1, 7.2)."""
         for _row, req_id, start, end in step.rows():
             # postprocess.hook: the update lands in the buffer before the next step's preprocess.
             update = self.model.postprocess(
@@ -448,6 +452,8 @@ class Qwen3TtsRunner(OmniRunnerBase, vllm_api.GPUModelRunner):
             self._update_intermediate_buffer(req_id, update)
         # outputs.payload_hidden=False: the text hidden states are not published.
         self.omni_step_payloads = step_outputs.ar_request_payloads(step, include_hidden=False)
+        # a producer with a full-payload function, not in async-chunk mode: the payloads are kept for the next stage (5.1).
+        self._accumulate_request_payloads(self.omni_step_payloads)
 
     def execute_model(self, scheduler_output: Any, intermediate_tensors: Any = None) -> Any:
         """vLLM's step, with ``compute_logits`` given vLLM's sampling metadata (7.7)."""
@@ -471,4 +477,4 @@ class Qwen3TtsWorker(worker_base("auto")):
     runner_class = Qwen3TtsRunner
     # The model reads these from vLLM's model_config; the worker sets them before building it:
     # async_chunk from async_chunk.
-    model_config_fields = {"async_chunk": True}
+    model_config_fields = {"async_chunk": False}

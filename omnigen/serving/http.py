@@ -1,7 +1,12 @@
 """``omnigen serve``: a whole pipeline behind an OpenAI-style HTTP API (FastAPI, run by uvicorn).
 
-- ``POST /v1/audio/speech`` ``{"input": text, "seed"?, "max_tokens"?, "prompt_token_ids"?,
-  "response_format": "wav"}``: the final audio stage's audio as ``audio/wav``.
+- ``POST /v1/audio/speech`` ``{"input": text, "voice"?, "language"?, "instructions"?,
+  "task_type"?, "ref_audio"?, "ref_text"?, "seed"?, "max_tokens"?, "prompt_token_ids"?,
+  "response_format": "wav"}``: the final audio stage's audio as ``audio/wav``. The model's
+  request builder turns the text and options into the first stage's prompt and payload; an
+  option the model does not have, an unknown voice or language, or an unknown field is a 4xx
+  that names it (never ignored).
+- ``GET /v1/audio/voices``: the checkpoint's voices.
 - ``POST /v1/omnigen/generate``: the same request; JSON with each text stage's text, the token
   ids of every stage and the audio's length (for a stage that publishes text).
 - ``GET /health``, ``GET /v1/models``; ``GET /v1/omnigen/state``: each stage's per-request
@@ -19,24 +24,50 @@ import logging
 from typing import Any
 
 from fastapi import FastAPI, HTTPException, Request, Response
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 
+from omnigen.requests.base import RequestError, SpeechInput
 from omnigen.serving.audio import wav_bytes
 from omnigen.serving.pipeline import Pipeline, PipelineError, PipelineOutput
-from omnigen.serving.settings import Settings, SettingsError, prompt_of, sampling_of
+from omnigen.serving.settings import Settings, build_request, sampling_of
 
 log = logging.getLogger("omnigen.serving")
 DISCONNECT_POLL_S = 0.05
 
 
 class SpeechRequest(BaseModel):
+    # A field this server does not know is refused (422 naming it), never dropped.
+    model_config = ConfigDict(extra="forbid")
+
     input: str | None = None
     model: str | None = None
     voice: str | None = None
+    """A voice of the checkpoint (``GET /v1/audio/voices``); ``default`` or none: the model's."""
+    language: str | None = None
+    instructions: str | None = None
+    task_type: str | None = None
+    ref_audio: str | None = None
+    """Reference audio for voice cloning: a ``data:`` URI (base64) or a file path on the server."""
+    ref_text: str | None = None
     response_format: str = "wav"
     seed: int | None = None
     max_tokens: int | None = Field(default=None, gt=0)
+    """The first stage's token budget (vllm-omni: ``max_new_tokens``)."""
+    max_new_tokens: int | None = Field(default=None, gt=0)
     prompt_token_ids: list[int] | None = None
+
+    def speech_input(self) -> SpeechInput:
+        return SpeechInput(
+            input=self.input or "",
+            voice=None if self.voice in (None, "", "default") else self.voice,
+            language=self.language,
+            instructions=self.instructions,
+            task_type=self.task_type,
+            ref_audio=self.ref_audio,
+            ref_text=self.ref_text,
+            max_new_tokens=self.max_new_tokens or self.max_tokens,
+            seed=self.seed,
+        )
 
 
 def make_app(pipeline: Pipeline, settings: Settings) -> FastAPI:
@@ -46,11 +77,15 @@ def make_app(pipeline: Pipeline, settings: Settings) -> FastAPI:
     async def run(body: SpeechRequest, request: Request) -> PipelineOutput:
         if body.model not in (None, settings.model):
             raise HTTPException(404, f"this server serves {settings.model!r}, not {body.model!r}")
+        if body.max_tokens is not None and body.max_new_tokens is not None:
+            raise HTTPException(400, "max_tokens and max_new_tokens name the same budget: send one")
         try:
-            prompt = prompt_of(settings, body.input, body.prompt_token_ids)
-        except SettingsError as exc:
+            built = build_request(settings, body.speech_input(), body.prompt_token_ids)
+        except RequestError as exc:
             raise HTTPException(400, str(exc)) from exc
-        future = pipeline.submit(prompt, sampling_of(settings, pipeline.plan, body.seed, body.max_tokens))
+        budget = body.max_new_tokens or body.max_tokens or built.max_tokens
+        sampling = sampling_of(settings, pipeline.plan, body.seed, budget, built.sampling)
+        future = pipeline.submit(built.prompt, sampling, payload=built.payload)
         try:
             return await _unless_disconnected(future, request)
         except PipelineError as exc:
@@ -75,6 +110,16 @@ def make_app(pipeline: Pipeline, settings: Settings) -> FastAPI:
             "audio_samples": 0 if out.audio is None else int(out.audio.numel()),
             "sample_rate": settings.sample_rate,
             "seconds": out.seconds,
+        }
+
+    @app.get("/v1/audio/voices")
+    async def voices() -> dict[str, Any]:
+        builder = settings.builder
+        return {
+            "voices": sorted(builder.voices()) if builder else [],
+            "default": builder.default_voice() if builder else None,
+            "languages": builder.languages() if builder else [],
+            "uploaded_voices": [],
         }
 
     @app.get("/health")

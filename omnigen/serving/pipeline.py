@@ -99,6 +99,7 @@ class Pipeline:
         self.stages = stages
         self.mode = mode
         self.stage_seconds: dict[str, float] = {s.plan.stage: 0.0 for s in stages}
+        self._entry_transport = transports.transport_for("inline")
         self._previous_sigterm: Any = None
         self.loop: asyncio.AbstractEventLoop | None = None
         """``mp``: the event loop every request runs in (an ``AsyncLLM`` serves one loop), on a
@@ -112,9 +113,10 @@ class Pipeline:
         prompt: Mapping[str, Any],
         sampling: Mapping[str, Any] | None = None,
         request_id: str | None = None,
+        payload: Mapping[str, Any] | None = None,
     ) -> concurrent.futures.Future[PipelineOutput]:
         """``generate_async`` in the pipeline's loop (``mp``); cancelling the future aborts the request."""
-        return self.run(self.generate_async(prompt, sampling, request_id))
+        return self.run(self.generate_async(prompt, sampling, request_id, payload))
 
     def run(self, coroutine: Coroutine[Any, Any, T]) -> concurrent.futures.Future[T]:
         """Run ``coroutine`` in the pipeline's loop (``mp`` mode)."""
@@ -143,6 +145,7 @@ class Pipeline:
         if missing:
             raise ValueError(f"{model}: no model path for stage(s) {missing}; give stage_models[stage]")
         engine_kwargs = engine_kwargs or {}
+        _register_declared_classes(plan)
         stages: list[StageRuntime] = []
         try:
             for index, stage in enumerate(plan.stages):
@@ -204,19 +207,27 @@ class Pipeline:
         prompts: Sequence[Mapping[str, Any]],
         sampling: Mapping[str, Any] | None = None,
         request_ids: Sequence[str] | None = None,
+        payloads: Sequence[Mapping[str, Any] | None] | None = None,
     ) -> list[PipelineOutput]:
-        """Every prompt through every stage; ``sampling``: stage -> ``SamplingParams``."""
+        """Every prompt through every stage; ``sampling``: stage -> ``SamplingParams``;
+        ``payloads``: what each request's first stage receives with its prompt (the request
+        builder's payload), or None."""
         request_ids = list(request_ids or (uuid.uuid4().hex for _ in prompts))
+        payloads = list(payloads) if payloads is not None else [None] * len(prompts)
         if self.mode == "mp":
-            return self.run(self._generate_all_async(prompts, sampling, request_ids)).result()
-        return self._generate_inproc(prompts, sampling or {}, request_ids)
+            return self.run(self._generate_all_async(prompts, sampling, request_ids, payloads)).result()
+        return self._generate_inproc(prompts, sampling or {}, request_ids, payloads)
 
     def _generate_inproc(
-        self, prompts: Sequence[Mapping[str, Any]], sampling: Mapping[str, Any], request_ids: list[str]
+        self,
+        prompts: Sequence[Mapping[str, Any]],
+        sampling: Mapping[str, Any],
+        request_ids: list[str],
+        payloads: Sequence[Mapping[str, Any] | None],
     ) -> list[PipelineOutput]:
         results = [PipelineOutput(request_id=rid) for rid in request_ids]
         inputs: list[dict[str, Any]] = [dict(p) for p in prompts]
-        carried = [Carried() for _ in prompts]
+        carried = [self._entry(rid, payload) for rid, payload in zip(request_ids, payloads, strict=True)]
         try:
             for index, runtime in enumerate(self.stages):
                 name = runtime.plan.stage
@@ -245,11 +256,18 @@ class Pipeline:
         return results
 
     async def _generate_all_async(
-        self, prompts: Sequence[Mapping[str, Any]], sampling: Mapping[str, Any] | None, request_ids: list[str]
+        self,
+        prompts: Sequence[Mapping[str, Any]],
+        sampling: Mapping[str, Any] | None,
+        request_ids: list[str],
+        payloads: Sequence[Mapping[str, Any] | None],
     ) -> list[PipelineOutput]:
         return list(
             await asyncio.gather(
-                *(self.generate_async(p, sampling, rid) for p, rid in zip(prompts, request_ids, strict=True))
+                *(
+                    self.generate_async(p, sampling, rid, payload)
+                    for p, rid, payload in zip(prompts, request_ids, payloads, strict=True)
+                )
             )
         )
 
@@ -258,6 +276,7 @@ class Pipeline:
         prompt: Mapping[str, Any],
         sampling: Mapping[str, Any] | None = None,
         request_id: str | None = None,
+        payload: Mapping[str, Any] | None = None,
     ) -> PipelineOutput:
         """One request through every stage (``mp`` mode); cancelling it aborts it in every stage."""
         if self.mode != "mp":
@@ -265,7 +284,7 @@ class Pipeline:
         sampling = sampling or {}
         result = PipelineOutput(request_id=request_id or uuid.uuid4().hex)
         current: dict[str, Any] = dict(prompt)
-        got = Carried()
+        got = self._entry(result.request_id, payload)
         active: StageRuntime | None = None
         try:
             for index, runtime in enumerate(self.stages):
@@ -294,6 +313,12 @@ class Pipeline:
         return result
 
     # -- between stages ------------------------------------------------------------------
+
+    def _entry(self, request_id: str, payload: Mapping[str, Any] | None) -> Carried:
+        """What a request takes into the first stage: the request builder's payload, inline."""
+        if not payload:
+            return Carried()
+        return Carried(handle=self._entry_transport.put(request_id, dict(payload)), payload=dict(payload))
 
     def _params(self, runtime: StageRuntime, sampling: Mapping[str, Any], handle: dict[str, Any]) -> Any:
         from vllm import SamplingParams
@@ -419,14 +444,41 @@ def _engine_args(
     return args
 
 
+def _register_declared_classes(plan: ModelPlan) -> None:
+    """Register the model's declared classes here (the engine config is created in this
+    process); the engines' own processes register them through omnigen's plugin."""
+    from omnigen import models
+
+    try:
+        models.register_declared(models.Declared.from_plan(plan))
+    except models.ModelClassError as exc:
+        raise PipelineError(str(exc)) from exc
+
+
+def _plugin_environment(stage: StagePlan) -> dict[str, str]:
+    """What every vLLM process of a stage's engine needs to load the stage's classes: omnigen's
+    plugin, told which model's classes to register; and no other plugin unless the user chose
+    some (vllm-omni's would import its package, whose patch replaces vLLM's request classes)."""
+    from omnigen import models
+
+    package = stage.module.rsplit(".", 2)[0]
+    plugins = os.environ.get("VLLM_PLUGINS")
+    chosen = [p for p in (plugins or "").split(",") if p]
+    return {
+        models.ENV: models.env_value(stage.model, package),
+        "VLLM_PLUGINS": ",".join(chosen if "omnigen" in chosen else [*chosen, "omnigen"]),
+    }
+
+
 def _start_engine(
     stage: StagePlan, model_path: str, kwargs: dict[str, Any], mode: str, overrides: Sequence[str]
 ) -> Any:
     args = _engine_args(stage, model_path, kwargs, overrides)
+    plugin_env = _plugin_environment(stage)
     if mode == "inproc":
         from vllm import LLM
 
-        with _environment(VLLM_ENABLE_V1_MULTIPROCESSING="0"):
+        with _environment(VLLM_ENABLE_V1_MULTIPROCESSING="0", **plugin_env):
             return LLM(**args)
     if overrides:
         raise ValueError(
@@ -437,7 +489,7 @@ def _start_engine(
     from vllm.v1.engine.async_llm import AsyncLLM
 
     devices = {"CUDA_VISIBLE_DEVICES": stage.devices} if stage.devices is not None else {}
-    with _environment(VLLM_ENABLE_V1_MULTIPROCESSING="1", **devices):
+    with _environment(VLLM_ENABLE_V1_MULTIPROCESSING="1", **devices, **plugin_env):
         return AsyncLLM.from_engine_args(AsyncEngineArgs(**args))
 
 

@@ -1,24 +1,31 @@
 """What ``omnigen run`` and ``omnigen serve`` read from the composed config's ``serve`` section.
 
-Each stage's model path (``omnigen_tiny:VARIANT`` writes a tiny test model's config to a
-temporary folder), its engine arguments (``serve.engine`` under ``serve.stage_engine[stage]``),
-the sampling of a request, and turning a text prompt into the first stage's token ids.
+Each stage's model path (``serve.checkpoint`` for every stage, ``serve.models.STAGE`` where one
+differs; ``omnigen_tiny:VARIANT`` writes a tiny test model's config to a temporary folder), its
+engine arguments (``serve.engine`` under ``serve.stage_engine[stage]``, plus the stage's
+architecture for a checkpoint whose config names the whole model), each stage's sampling, and
+how a request becomes the first stage's input: the model's request builder where it declares
+one (``checkpoint.request_builder``), else the text or token ids as given.
 """
 
 from __future__ import annotations
 
+import importlib
+import inspect
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
 from omnigen.plan import ModelPlan
+from omnigen.requests.base import BuiltRequest, RequestBuilder, RequestError, SpeechInput
 
 TINY_PREFIX = "omnigen_tiny:"
 BYTE_TOKEN_OFFSET = 10
 """``serve.tokenizer=bytes``: byte ``b`` of a UTF-8 prompt is token ``b + 10``."""
+DEFAULT_SAMPLE_RATE = 24000
 
 
 class SettingsError(ValueError):
@@ -41,51 +48,102 @@ class Settings:
     output: str
     host: str
     port: int
+    stage_sampling: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """Per stage, the ``SamplingParams`` fields of ``serve.sampling`` (checked)."""
+    builder: RequestBuilder | None = None
+    """The model's request builder, made from the first stage's checkpoint; None: text as given."""
+    request_options: dict[str, Any] = field(default_factory=dict)
+    """``omnigen run``'s ``serve.request`` options that are set."""
 
 
 def read_settings(cfg: DictConfig, plan: ModelPlan) -> Settings:
     serve = OmegaConf.to_container(cfg.serve, resolve=True)
     assert isinstance(serve, dict)
     stages = [s.stage for s in plan.stages]
-    problems = []
-    for stage in stages:
-        if stage not in serve["models"]:
-            problems.append(
-                f"serve.models.{stage}: no model for stage {stage!r}; set serve.models.{stage}=PATH"
-            )
-    for stage in sorted(set(serve["models"]) - set(stages)):
-        problems.append(
-            f"serve.models.{stage}: {plan.name} has no stage {stage!r}; its stages: {', '.join(stages)}"
-        )
-    for stage in sorted(set(serve["stage_engine"]) - set(stages)):
-        problems.append(f"serve.stage_engine.{stage}: {plan.name} has no stage {stage!r}")
+    problems = _stage_key_problems(serve, plan)
     if not 0 < serve["port"] < 65536:
         problems.append(f"serve.port: {serve['port']} is not a TCP port (1..65535)")
-    if serve["sample_rate"] <= 0 or serve["max_tokens"] <= 0:
-        problems.append("serve.sample_rate and serve.max_tokens must be positive")
+    if serve["max_tokens"] <= 0:
+        problems.append(f"serve.max_tokens: {serve['max_tokens']} must be positive")
+    if serve["sample_rate"] is not None and serve["sample_rate"] <= 0:
+        problems.append(
+            f"serve.sample_rate: {serve['sample_rate']} must be positive (or null: the checkpoint's)"
+        )
     if not 0 <= serve["temperature"] < float("inf"):
         problems.append(f"serve.temperature: {serve['temperature']} must be a finite number >= 0")
+    problems += _sampling_problems(serve["sampling"])
     if problems:
         raise SettingsError("; ".join(problems))
     scratch = Path(tempfile.mkdtemp(prefix="omnigen-tiny-"))
+    stage_models = {stage: _model_path(_stage_model(serve, stage), stage, scratch) for stage in stages}
+    builder = _request_builder(plan, stage_models[stages[0]])
+    sample_rate = serve["sample_rate"] or (builder.sample_rate() if builder else DEFAULT_SAMPLE_RATE)
     return Settings(
         model=plan.name,
-        stage_models={stage: _model_path(serve["models"][stage], stage, scratch) for stage in stages},
-        engine_kwargs={
-            stage: {**serve["engine"], **serve["stage_engine"].get(stage, {})} for stage in stages
-        },
+        stage_models=stage_models,
+        engine_kwargs={stage.stage: _engine_kwargs(serve, plan, stage.stage) for stage in plan.stages},
         mode=_enum_value(serve["mode"]),
         tokenizer=_enum_value(serve["tokenizer"]),
         max_tokens=serve["max_tokens"],
         temperature=serve["temperature"],
         seed=serve["seed"],
-        sample_rate=serve["sample_rate"],
+        sample_rate=sample_rate,
         prompt=serve["prompt"],
         prompt_token_ids=serve["prompt_token_ids"],
         output=serve["output"],
         host=serve["host"],
         port=serve["port"],
+        stage_sampling={stage: dict(serve["sampling"].get(stage) or {}) for stage in stages},
+        builder=builder,
+        request_options={k: v for k, v in serve["request"].items() if v is not None},
     )
+
+
+def _stage_key_problems(serve: dict[str, Any], plan: ModelPlan) -> list[str]:
+    stages = [s.stage for s in plan.stages]
+    problems = []
+    for stage in stages:
+        if _stage_model(serve, stage) is None:
+            problems.append(
+                f"serve.models.{stage}: no checkpoint for stage {stage!r}; set serve.checkpoint=DIR "
+                f"(one folder for every stage) or serve.models.{stage}=DIR"
+            )
+    for section in ("models", "stage_engine", "sampling"):
+        for stage in sorted(set(serve[section]) - set(stages)):
+            problems.append(
+                f"serve.{section}.{stage}: {plan.name} has no stage {stage!r}; its stages: {', '.join(stages)}"
+            )
+    return problems
+
+
+def _stage_model(serve: dict[str, Any], stage: str) -> str | None:
+    return serve["models"].get(stage) or serve["checkpoint"]
+
+
+def _sampling_problems(sampling: dict[str, Any]) -> list[str]:
+    from vllm import SamplingParams
+
+    known = set(inspect.signature(SamplingParams).parameters) - {"self", "n", "seed", "extra_args"}
+    problems = []
+    for stage, fields in sampling.items():
+        for name in sorted(set(fields or {}) - known):
+            problems.append(
+                f"serve.sampling.{stage}.{name}: not a SamplingParams field this server sets; use one "
+                f"of {', '.join(sorted(known))}"
+            )
+    return problems
+
+
+def _engine_kwargs(serve: dict[str, Any], plan: ModelPlan, stage: str) -> dict[str, Any]:
+    kwargs = {**serve["engine"], **serve["stage_engine"].get(stage, {})}
+    arch = plan.stage(stage).arch
+    if plan.stage(stage).model_class is not None and plan.checkpoint.model_type is not None:
+        # A released checkpoint's config.json names the whole model (one folder, every stage):
+        # each stage's engine builds its own architecture (the class the config declares).
+        overrides = dict(kwargs.get("hf_overrides") or {})
+        overrides.setdefault("architectures", [arch])
+        kwargs["hf_overrides"] = overrides
+    return kwargs
 
 
 def _enum_value(value: Any) -> str:
@@ -108,6 +166,55 @@ def _model_path(value: str, stage: str, scratch: Path) -> str:
     )
 
 
+def _request_builder(plan: ModelPlan, checkpoint: str) -> RequestBuilder | None:
+    path = plan.checkpoint.request_builder
+    if path is None:
+        return None
+    first = plan.stages[0].stage
+    if not Path(checkpoint, "config.json").is_file():
+        raise SettingsError(
+            f"serve.models.{first}: {checkpoint!r} is not a checkpoint folder (no config.json); "
+            f"{plan.name}'s requests are built from its files: give the downloaded folder"
+        )
+    module_name, _, attr = path.rpartition(".")
+    try:
+        cls = getattr(importlib.import_module(module_name), attr)
+    except (ImportError, AttributeError) as exc:
+        raise SettingsError(
+            f"{plan.source}: checkpoint.request_builder {path} does not load: {type(exc).__name__}: {exc}"
+        ) from exc
+    try:
+        return cls(checkpoint)
+    except (OSError, ValueError, KeyError) as exc:
+        raise SettingsError(f"serve.models.{first}: {checkpoint}: {exc}") from exc
+
+
+def build_request(
+    settings: Settings, speech: SpeechInput | None, token_ids: list[int] | None = None
+) -> BuiltRequest:
+    """The first stage's prompt and payload for one request (``RequestError`` names a bad field)."""
+    if token_ids is not None:
+        if settings.builder is not None:
+            raise RequestError(
+                "prompt_token_ids",
+                f"{settings.model} builds its prompt from the request's text and options; send input instead",
+            )
+        return BuiltRequest(prompt={"prompt_token_ids": list(token_ids)})
+    if speech is None or not speech.input:
+        raise RequestError("input", "a request needs a text prompt (input) or prompt_token_ids")
+    if settings.builder is not None:
+        return settings.builder.build(speech)
+    _refuse_model_options(speech, settings.model)
+    return BuiltRequest(prompt=prompt_of(settings, speech.input, None), max_tokens=speech.max_new_tokens)
+
+
+def _refuse_model_options(speech: SpeechInput, model: str) -> None:
+    """A model without a request builder has no voices, languages or cloning: say so, never ignore."""
+    for name in ("voice", "language", "instructions", "task_type", "ref_audio", "ref_text"):
+        if getattr(speech, name) not in (None, "", "default"):
+            raise RequestError(name, f"{model} takes no {name} (it has no request builder)")
+
+
 def prompt_of(settings: Settings, text: str | None, token_ids: list[int] | None) -> dict[str, Any]:
     """The first stage's prompt: token ids as given, or the text (tokenized by the model, or bytes)."""
     if token_ids is not None:
@@ -122,23 +229,37 @@ def prompt_of(settings: Settings, text: str | None, token_ids: list[int] | None)
 
 
 def sampling_of(
-    settings: Settings, plan: ModelPlan, seed: int | None, max_tokens: int | None = None
+    settings: Settings,
+    plan: ModelPlan,
+    seed: int | None,
+    max_tokens: int | None = None,
+    first_stage: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """Each stage's ``SamplingParams`` for one request (a generation stage: one placeholder token)."""
+    """Each stage's ``SamplingParams`` for one request (a generation stage: one placeholder token).
+
+    Per autoregressive stage: ``serve.max_tokens``/``temperature``, then ``serve.sampling.STAGE``,
+    then the request's own token budget and seed; ``first_stage`` adds what the request builder
+    asks of the first stage (its stop ids, ...)."""
     from vllm import SamplingParams
 
     detokenize = settings.tokenizer == "model"
     found: dict[str, Any] = {}
-    for stage in plan.stages:
+    for index, stage in enumerate(plan.stages):
         if stage.is_generation:
             found[stage.stage] = SamplingParams(max_tokens=1, detokenize=False)
             continue
+        fields: dict[str, Any] = {
+            "max_tokens": settings.max_tokens,
+            "temperature": settings.temperature,
+            "ignore_eos": not detokenize,
+            "detokenize": detokenize,
+            **settings.stage_sampling.get(stage.stage, {}),
+        }
+        if index == 0:
+            fields.update(first_stage or {})
+        if max_tokens is not None:
+            fields["max_tokens"] = max_tokens
         found[stage.stage] = SamplingParams(
-            max_tokens=max_tokens or settings.max_tokens,
-            temperature=settings.temperature,
-            seed=seed,
-            ignore_eos=not detokenize,
-            detokenize=detokenize,
-            extra_args=None if seed is None else {"tts_local_seed": seed},
+            **fields, seed=seed, extra_args=None if seed is None else {"tts_local_seed": seed}
         )
     return found

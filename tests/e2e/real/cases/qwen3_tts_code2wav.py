@@ -4,10 +4,9 @@ A generation stage: no sampling. The prompt is ``talker2code2wav_token_only``'s 
 (``[0] * Q * frames``) and the codes travel in the payload that ``talker2code2wav_full_payload``
 builds from the talker's accumulated ``codes.audio`` (called here on talker-shaped codes:
 codebook-major flat ``codes.audio`` plus ``meta.finished``); the model prefers the payload's codes
-over the placeholder ids (``_codec_ids_from_payload_or_input``). The stage runs in async-chunk
-mode, as deployed and as omnigen's conf sets it: the model then keys a decoder state by the
-runner's request ids (``requires_request_ids``) and drops it on ``meta.finished``; each request's
-whole payload arrives as its single, final chunk.
+over the placeholder ids (``_codec_ids_from_payload_or_input``). The stage runs in full-payload
+mode, as omnigen's conf builds it (vllm-omni deploys async chunks): each request's whole payload
+arrives with it and the model decodes it statelessly (no decoder state keyed by request id).
 
 vllm-omni's generation runner returns no sampled token, so under vLLM's scheduler the request
 would never finish: the oracle's scheduler finishes it once its prompt has run, as vllm-omni's
@@ -95,7 +94,7 @@ CASE = RealStageCase(
     # N(0, 0.5) saturates the codec decoder (every sample +-1.0, only signs left to compare).
     redraw_weights_std=0.1,
     # vllm-omni's pipeline for code2wav (qwen3_tts/pipeline.py): stage 1, "audio" output,
-    # async_chunk as deployed (deploy/qwen3_tts.yaml) and as omnigen's conf/model/qwen3_tts.yaml.
+    # async_chunk as omnigen's conf/model/qwen3_tts.yaml builds it (the full-payload form).
     omni_model_config={
         "stage_id": 1,
         "model_stage": "code2wav",
@@ -103,6 +102,6 @@ CASE = RealStageCase(
         "worker_type": "generation",
         "engine_output_type": "audio",
         "final_output": True,
-        "async_chunk": True,
+        "async_chunk": False,
     },
 )

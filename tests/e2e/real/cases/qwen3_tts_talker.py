@@ -292,15 +292,15 @@ CASE = RealStageCase(
     # The talker's embeddings are hard-coded bf16 (_embedding_dtype): float32 fails in index_copy_.
     engine_kwargs={"dtype": "bfloat16"},
     # vllm-omni's pipeline for the talker (qwen3_tts/pipeline.py): stage 0, "latent" output,
-    # model_stage "qwen3_tts". async_chunk as the deployment ships it (deploy/qwen3_tts.yaml) and
-    # as omnigen's conf/model/qwen3_tts.yaml sets it, so both sides run the same mode: the model
-    # then publishes codes.ref once and no meta.codec_streaming (make_omni_output, :713).
+    # model_stage "qwen3_tts". async_chunk as omnigen's conf/model/qwen3_tts.yaml builds it (the
+    # full-payload form its driver runs; vllm-omni's deployment ships it on), so both sides run
+    # the same mode.
     omni_model_config={
         "stage_id": 0,
         "model_stage": "qwen3_tts",
         "model_arch": ARCH,
         "worker_type": "ar",
         "engine_output_type": "latent",
-        "async_chunk": True,
+        "async_chunk": False,
     },
 )

@@ -1,0 +1,1 @@
+"""Model providers: packages whose model classes omnigen serves (each one's import rules)."""

@@ -1,0 +1,19 @@
+"""Tiny checkpoint folders shaped like released ones, with seeded random weights in safetensors.
+
+Unlike the config-only checkpoints of ``tests/e2e/real/cases`` (which run under vLLM's dummy
+loader), these folders carry every tensor the model classes load, under the released names, so
+vLLM's real weight-loading path runs on them (``load_format="safetensors"``).
+
+    .venv/bin/python -m tests.checkpoints qwen3_tts --variant custom_voice --out /tmp/q3tts
+
+One module per model family; ``WRITERS`` maps the CLI's model names to their writers.
+"""
+
+from __future__ import annotations
+
+from tests.checkpoints.qwen3_tts import VARIANTS as QWEN3_TTS_VARIANTS
+from tests.checkpoints.qwen3_tts import write_qwen3_tts
+
+WRITERS = {"qwen3_tts": write_qwen3_tts}
+
+__all__ = ["QWEN3_TTS_VARIANTS", "WRITERS", "write_qwen3_tts"]

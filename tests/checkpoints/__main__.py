@@ -1,0 +1,63 @@
+"""Write a tiny checkpoint folder shaped like a released one (random weights in safetensors).
+
+    .venv/bin/python -m tests.checkpoints qwen3_tts --variant custom_voice --out /tmp/q3tts [--seed 0]
+
+Run from the repository root. The folder then loads through vLLM's real weight loader
+(``load_format="safetensors"``); see ``tests/checkpoints/qwen3_tts.py`` for what it mirrors.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+
+def _summary(folder: Path) -> list[str]:
+    from safetensors import safe_open
+
+    lines = []
+    for path in sorted(folder.rglob("*")):
+        if not path.is_file():
+            continue
+        line = f"  {path.relative_to(folder)}  ({path.stat().st_size} bytes"
+        if path.suffix == ".safetensors":
+            with safe_open(str(path), "pt") as f:
+                line += f", {len(list(f.keys()))} tensors"
+        lines.append(line + ")")
+    return lines
+
+
+def main(argv: list[str] | None = None) -> int:
+    from tests.checkpoints import qwen3_tts
+
+    parser = argparse.ArgumentParser(
+        prog="python -m tests.checkpoints",
+        description="Write a tiny checkpoint folder shaped like a released one, with seeded random "
+        "weights in safetensors, so that vLLM's real weight loader runs on it.",
+    )
+    models = parser.add_subparsers(dest="model", required=True, metavar="MODEL")
+    q3 = models.add_parser(
+        "qwen3_tts",
+        help="Qwen3-TTS-12Hz (one folder for the talker and code2wav stages, as released)",
+        description=qwen3_tts.__doc__.split("\n\n")[0],
+    )
+    q3.add_argument(
+        "--variant",
+        choices=qwen3_tts.VARIANTS,
+        default="custom_voice",
+        help="which release to mirror: Qwen3-TTS-12Hz-*-CustomVoice, -VoiceDesign or -Base "
+        "(config tts_model_type; Base also carries the speaker encoder) (default: %(default)s)",
+    )
+    q3.add_argument("--out", required=True, type=Path, help="the folder to write (created if missing)")
+    q3.add_argument("--seed", type=int, default=0, help="weight seed (default: %(default)s)")
+    args = parser.parse_args(argv)
+
+    folder = qwen3_tts.write_qwen3_tts(args.out, variant=args.variant, seed=args.seed)
+    print(f"wrote {args.model} ({args.variant}, seed {args.seed}) to {folder}")
+    print("\n".join(_summary(folder)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
