@@ -167,10 +167,17 @@ def _load(found: Declared, path: str, arch: str) -> Any:
         return getattr(importlib.import_module(module_name), attr)
     except (ImportError, AttributeError) as exc:
         stages = ", ".join(found.stages_of(arch))
-        install = f"; install it: {found.install}" if found.install else ""
+        # The provider's own module missing: say how to install it; anything else (a package the
+        # provider's module needs) is the exception's own message, on one line.
+        missing = getattr(exc, "name", None) or ""
+        install = (
+            f"; install it: {found.install}"
+            if found.install and missing.startswith(module_name.split(".")[0])
+            else ""
+        )
         raise ModelClassError(
             f"{found.model}: stage {stages} runs {arch} as {path}, which does not load: "
-            f"{type(exc).__name__}: {exc}{install}"
+            f"{type(exc).__name__}: {' '.join(str(exc).split())}{install}"
         ) from exc
 
 

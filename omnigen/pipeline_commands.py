@@ -17,15 +17,23 @@ log = logging.getLogger("omnigen.serving")
 _RUNNER_OVERRIDES = ("model.", "+model.", "~model.", "device=", "graph=", "mtp_graph=")
 
 
-def with_model_serve_config(model: str, overrides: Sequence[str]) -> list[str]:
-    """``serve=<model>`` first when the user chose no serve config and the model has one
-    (``conf/serve/<model>.yaml``: its stages, engine arguments and sampling)."""
+# The serve sections that are free-form maps (stage -> path, engine argument -> value, ...):
+# a key a serve config does not list yet is added, as vLLM's own ``--key value`` would be. Their
+# keys are checked where they are read (unknown stages by the settings, engine arguments by vLLM).
+_MAP_SECTIONS = ("serve.models.", "serve.engine.", "serve.stage_engine.", "serve.sampling.")
+
+
+def serve_overrides(model: str, overrides: Sequence[str]) -> list[str]:
+    """The overrides ``run``/``serve`` compose with: ``serve=<model>`` first when the user chose
+    no serve config and the model has one (``conf/serve/<model>.yaml``: its stages, engine
+    arguments and sampling), and keys under the serve maps added where they are new."""
+    found = [f"++{o}" if o.startswith(_MAP_SECTIONS) else o for o in overrides]
     if any(o.startswith(("serve=", "+serve=", "~serve")) for o in overrides):
-        return list(overrides)
+        return found
     folders = [paths.conf_dir(), *paths.extra_config_dirs()]
     if any((folder / "serve" / f"{model}.yaml").is_file() for folder in folders):
-        return [f"serve={model}", *overrides]
-    return list(overrides)
+        return [f"serve={model}", *found]
+    return found
 
 
 def run(command: str, model: str, overrides: Sequence[str]) -> int:
@@ -33,7 +41,7 @@ def run(command: str, model: str, overrides: Sequence[str]) -> int:
     from omnigen.serving.pipeline import Pipeline, PipelineError
     from omnigen.serving.settings import SettingsError, build_request, read_settings, sampling_of
 
-    overrides = with_model_serve_config(model, overrides)
+    overrides = serve_overrides(model, overrides)
     cfg = pipeline.compose_config(model, overrides)
     plan = pipeline.plan_from_config(cfg, model, overrides)
     try:

@@ -47,22 +47,31 @@ def test_a_missing_provider_names_the_stages_the_classes_and_the_install(monkeyp
     assert "pip install 'omnigen[vllm-omni]'" in message
 
 
-def test_a_class_that_does_not_load_names_its_stage_and_path():
-    found = models.Declared(
+def _mine(path: str) -> models.Declared:
+    return models.Declared(
         model="mine",
         package="nowhere",
         archs={"talker": "MyTalker"},
-        classes={"MyTalker": "omnigen.testing.tiny_omni.NoSuchClass"},
-        provider=None,
-        install="pip install mine",
+        classes={"MyTalker": path},
+        provider="mine-provider",
+        install="pip install mine-provider",
         config_class=None,
         model_type=None,
         request_builder=None,
     )
+
+
+def test_a_class_that_does_not_load_names_its_stage_and_path():
+    # The provider's module is not installed: the message says how to install it.
     with pytest.raises(models.ModelClassError) as info:
-        models.register_declared(found)
+        models.register_declared(_mine("mine_provider.talker.MyTalker"))
+    assert "stage talker runs MyTalker as mine_provider.talker.MyTalker" in str(info.value)
+    assert "install it: pip install mine-provider" in str(info.value)
+    # The module is there but has no such class: installing would not help, so no such advice.
+    with pytest.raises(models.ModelClassError) as info:
+        models.register_declared(_mine("omnigen.testing.tiny_omni.NoSuchClass"))
     assert "stage talker runs MyTalker as omnigen.testing.tiny_omni.NoSuchClass" in str(info.value)
-    assert "pip install mine" in str(info.value)
+    assert "AttributeError" in str(info.value) and "install" not in str(info.value)
 
 
 def test_a_package_built_before_the_declarations_says_rebuild(tmp_path, monkeypatch):

@@ -11,9 +11,12 @@ WORKERS = {
 
 # What serving this model registers with vLLM in each of its processes (omnigen.models).
 ARCHS = {"slow_ar": "FishSpeechSlowARForConditionalGeneration", "dac_decoder": "FishSpeechDACDecoder"}
-MODEL_CLASSES = {}
-PROVIDER = None
-PROVIDER_INSTALL = None
-CONFIG_CLASS = None
-MODEL_TYPE = None
+MODEL_CLASSES = {
+    "FishSpeechDACDecoder": "vllm_omni.model_executor.models.fish_speech.fish_speech_dac_decoder.FishSpeechDACDecoder",
+    "FishSpeechSlowARForConditionalGeneration": "vllm_omni.model_executor.models.fish_speech.fish_speech_slow_ar.FishSpeechSlowARForConditionalGeneration",
+}
+PROVIDER = "vllm-omni"
+PROVIDER_INSTALL = "pip install 'omnigen[vllm-omni]'"
+CONFIG_CLASS = "vllm_omni.model_executor.models.fish_speech.configuration_fish_speech.FishSpeechConfig"
+MODEL_TYPE = "fish_qwen3_omni"
 REQUEST_BUILDER = None

@@ -14,9 +14,12 @@ ARCHS = {
     "talker": "HiggsAudioV3TalkerForConditionalGeneration",
     "code2wav": "HiggsAudioV3Code2WavForConditionalGeneration",
 }
-MODEL_CLASSES = {}
-PROVIDER = None
-PROVIDER_INSTALL = None
-CONFIG_CLASS = None
-MODEL_TYPE = None
+MODEL_CLASSES = {
+    "HiggsAudioV3Code2WavForConditionalGeneration": "vllm_omni.model_executor.models.higgs_audio_v3.higgs_audio_v3_code2wav.HiggsAudioV3Code2Wav",
+    "HiggsAudioV3TalkerForConditionalGeneration": "vllm_omni.model_executor.models.higgs_audio_v3.higgs_audio_v3_talker.HiggsAudioV3TalkerForConditionalGeneration",
+}
+PROVIDER = "vllm-omni"
+PROVIDER_INSTALL = "pip install 'omnigen[vllm-omni]'"
+CONFIG_CLASS = "vllm_omni.transformers_utils.configs.higgs_audio_v3.HiggsAudioV3Config"
+MODEL_TYPE = "higgs_multimodal_qwen3"
 REQUEST_BUILDER = None

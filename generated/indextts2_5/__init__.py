@@ -14,9 +14,12 @@ ARCHS = {
     "indextts2_5_talker": "IndexTTS25TalkerForConditionalGeneration",
     "s2mel_decoder": "IndexTTS25S2MelDecoder",
 }
-MODEL_CLASSES = {}
-PROVIDER = None
-PROVIDER_INSTALL = None
-CONFIG_CLASS = None
-MODEL_TYPE = None
+MODEL_CLASSES = {
+    "IndexTTS25S2MelDecoder": "vllm_omni.model_executor.models.indextts2.indextts2_s2mel_decoder.IndexTTS2S2MelDecoder",
+    "IndexTTS25TalkerForConditionalGeneration": "vllm_omni.model_executor.models.indextts2.indextts2_talker.IndexTTS2TalkerForConditionalGeneration",
+}
+PROVIDER = "vllm-omni"
+PROVIDER_INSTALL = "pip install 'omnigen[vllm-omni]'"
+CONFIG_CLASS = "vllm_omni.model_executor.models.indextts2.configuration_indextts2.IndexTTS25Config"
+MODEL_TYPE = "indextts2_5"
 REQUEST_BUILDER = None

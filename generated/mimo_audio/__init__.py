@@ -11,9 +11,13 @@ WORKERS = {
 
 # What serving this model registers with vLLM in each of its processes (omnigen.models).
 ARCHS = {"fused_thinker_talker": "MiMoAudioModel", "code2wav": "MiMoAudioModel"}
-MODEL_CLASSES = {}
-PROVIDER = None
-PROVIDER_INSTALL = None
+MODEL_CLASSES = {
+    "MiMoAudioLLMModel": "vllm_omni.model_executor.models.mimo_audio.mimo_audio_llm.MiMoAudioLLMForConditionalGeneration",
+    "MiMoAudioModel": "vllm_omni.model_executor.models.mimo_audio.mimo_audio.MiMoAudioForConditionalGeneration",
+    "MiMoAudioToken2WavModel": "vllm_omni.model_executor.models.mimo_audio.mimo_audio_code2wav.MiMoAudioToken2WavForConditionalGenerationVLLM",
+}
+PROVIDER = "vllm-omni"
+PROVIDER_INSTALL = "pip install 'omnigen[vllm-omni]'"
 CONFIG_CLASS = None
 MODEL_TYPE = None
 REQUEST_BUILDER = None

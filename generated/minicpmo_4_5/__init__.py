@@ -16,9 +16,14 @@ ARCHS = {
     "tts": "MiniCPMO45OmniForConditionalGeneration",
     "code2wav": "MiniCPMO45Code2Wav",
 }
-MODEL_CLASSES = {}
-PROVIDER = None
-PROVIDER_INSTALL = None
+MODEL_CLASSES = {
+    "MiniCPMO45Code2Wav": "vllm_omni.model_executor.models.minicpmo_4_5.minicpmo_4_5_code2wav.MiniCPMO45Code2Wav",
+    "MiniCPMO45OmniForConditionalGeneration": "vllm_omni.model_executor.models.minicpmo_4_5.minicpmo_4_5_omni.MiniCPMO45OmniForConditionalGeneration",
+    "MiniCPMO45OmniLLMForConditionalGeneration": "vllm_omni.model_executor.models.minicpmo_4_5.minicpmo_4_5_omni_llm.MiniCPMO45OmniLLMForConditionalGeneration",
+    "MiniCPMO45OmniTTSForConditionalGeneration": "vllm_omni.model_executor.models.minicpmo_4_5.minicpmo_4_5_omni_tts.MiniCPMO45OmniTTSForConditionalGeneration",
+}
+PROVIDER = "vllm-omni"
+PROVIDER_INSTALL = "pip install 'omnigen[vllm-omni]'"
 CONFIG_CLASS = None
 MODEL_TYPE = None
 REQUEST_BUILDER = None

@@ -11,9 +11,12 @@ WORKERS = {
 
 # What serving this model registers with vLLM in each of its processes (omnigen.models).
 ARCHS = {"talker": "MossTTSLocalModel", "codec": "MossTTSCodecDecoder"}
-MODEL_CLASSES = {}
-PROVIDER = None
-PROVIDER_INSTALL = None
-CONFIG_CLASS = None
-MODEL_TYPE = None
+MODEL_CLASSES = {
+    "MossTTSCodecDecoder": "vllm_omni.model_executor.models.moss_tts.modeling_moss_tts_codec.MossTTSCodecDecoder",
+    "MossTTSLocalModel": "vllm_omni.model_executor.models.moss_tts.modeling_moss_tts_talker.MossTTSLocalTalkerForGeneration",
+}
+PROVIDER = "vllm-omni"
+PROVIDER_INSTALL = "pip install 'omnigen[vllm-omni]'"
+CONFIG_CLASS = "vllm_omni.model_executor.models.moss_tts.configuration_moss_tts.MossTTSLocalConfig"
+MODEL_TYPE = "moss_tts_local"
 REQUEST_BUILDER = None

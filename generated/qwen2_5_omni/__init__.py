@@ -16,9 +16,16 @@ ARCHS = {
     "talker": "Qwen2_5OmniForConditionalGeneration",
     "code2wav": "Qwen2_5OmniForConditionalGeneration",
 }
-MODEL_CLASSES = {}
-PROVIDER = None
-PROVIDER_INSTALL = None
+MODEL_CLASSES = {
+    "Qwen2ForCausalLM_old": "vllm_omni.model_executor.models.qwen2_5_omni.qwen2_old.Qwen2ForCausalLM",
+    "Qwen2_5OmniForConditionalGeneration": "vllm_omni.model_executor.models.qwen2_5_omni.qwen2_5_omni.Qwen2_5OmniForConditionalGeneration",
+    "Qwen2_5OmniTalkerModel": "vllm_omni.model_executor.models.qwen2_5_omni.qwen2_5_omni_talker.Qwen2_5OmniTalkerForConditionalGeneration",
+    "Qwen2_5OmniThinkerModel": "vllm_omni.model_executor.models.qwen2_5_omni.qwen2_5_omni_thinker.Qwen2_5OmniThinkerForConditionalGeneration",
+    "Qwen2_5OmniToken2WavDiTModel": "vllm_omni.model_executor.models.qwen2_5_omni.qwen2_5_omni_token2wav.Qwen2_5OmniToken2WavModel",
+    "Qwen2_5OmniToken2WavModel": "vllm_omni.model_executor.models.qwen2_5_omni.qwen2_5_omni_token2wav.Qwen2_5OmniToken2WavForConditionalGenerationVLLM",
+}
+PROVIDER = "vllm-omni"
+PROVIDER_INSTALL = "pip install 'omnigen[vllm-omni]'"
 CONFIG_CLASS = None
 MODEL_TYPE = None
 REQUEST_BUILDER = None

@@ -16,9 +16,14 @@ ARCHS = {
     "talker": "Qwen3OmniMoeForConditionalGeneration",
     "code2wav": "Qwen3OmniMoeForConditionalGeneration",
 }
-MODEL_CLASSES = {}
-PROVIDER = None
-PROVIDER_INSTALL = None
+MODEL_CLASSES = {
+    "Qwen3OmniMoeCode2Wav": "vllm_omni.model_executor.models.qwen3_omni.qwen3_omni_code2wav.Qwen3OmniMoeCode2Wav",
+    "Qwen3OmniMoeForConditionalGeneration": "vllm_omni.model_executor.models.qwen3_omni.qwen3_omni.Qwen3OmniMoeForConditionalGeneration",
+    "Qwen3OmniMoeTalkerForConditionalGeneration": "vllm_omni.model_executor.models.qwen3_omni.qwen3_omni_moe_talker.Qwen3OmniMoeTalkerForConditionalGeneration",
+    "Qwen3OmniMoeThinkerForConditionalGeneration": "vllm_omni.model_executor.models.qwen3_omni.qwen3_omni_moe_thinker.Qwen3OmniMoeThinkerForConditionalGeneration",
+}
+PROVIDER = "vllm-omni"
+PROVIDER_INSTALL = "pip install 'omnigen[vllm-omni]'"
 CONFIG_CLASS = None
 MODEL_TYPE = None
 REQUEST_BUILDER = None

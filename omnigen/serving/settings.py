@@ -169,6 +169,12 @@ def _model_path(value: str, stage: str, scratch: Path) -> str:
 def _request_builder(plan: ModelPlan, checkpoint: str) -> RequestBuilder | None:
     path = plan.checkpoint.request_builder
     if path is None:
+        if plan.checkpoint.provider is not None:
+            raise SettingsError(
+                f"{plan.name}: omnigen has no request builder for {plan.title} yet, so it cannot turn "
+                f"a request into its first stage's input (raw text would be wrong input, not an "
+                f"error); the README's model table says which models serve from their checkpoints"
+            )
         return None
     first = plan.stages[0].stage
     if not Path(checkpoint, "config.json").is_file():
