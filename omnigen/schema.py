@@ -481,6 +481,10 @@ class ServeConf:
     request: RunRequestConf = field(default_factory=RunRequestConf)
     """``omnigen run``'s request options (voice, language, ...)."""
 
+    allowed_local_media_path: Optional[str] = None
+    """The folder under which a request's ``ref_audio`` may name a file on the server; null: only
+    ``data:`` URIs (as vLLM's ``--allowed-local-media-path``)."""
+
     output: str = "omnigen.wav"
     """Where ``omnigen run`` writes the audio."""
 

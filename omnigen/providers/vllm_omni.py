@@ -83,6 +83,13 @@ def guarded_modules() -> list[str]:
     return sorted(name for name, mod in sys.modules.items() if isinstance(mod, _GuardModule))
 
 
+def module_installed(name: str) -> bool:
+    """Whether ``name`` is really installed (a guard standing in for it is not)."""
+    if isinstance(sys.modules.get(name.split(".")[0]), _GuardModule):
+        return False
+    return importlib.util.find_spec(name) is not None
+
+
 def is_bare() -> bool:
     module = sys.modules.get("vllm_omni")
     return module is not None and getattr(module, "__omnigen_bare__", False)

@@ -94,3 +94,8 @@ class RequestBuilder:
 
     def build(self, request: SpeechInput) -> BuiltRequest:
         raise NotImplementedError
+
+    def engine_modules(self, request: SpeechInput) -> tuple[str, ...]:
+        """Optional packages the stages' processes need to run this request (the serving layer
+        refuses the request where one is not installed, instead of failing it in an engine)."""
+        return ()

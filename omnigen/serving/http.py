@@ -49,6 +49,12 @@ class SpeechRequest(BaseModel):
     ref_audio: str | None = None
     """Reference audio for voice cloning: a ``data:`` URI (base64) or a file path on the server."""
     ref_text: str | None = None
+    x_vector_only_mode: bool | None = None
+    """Clone from the reference's speaker embedding alone (no ``ref_text``)."""
+    speaker_embedding: list[float] | None = None
+    """A precomputed speaker embedding to clone instead of ``ref_audio``."""
+    non_streaming_mode: bool | None = None
+    """The model's prompt layout (Qwen3-TTS: all text at prefill); not HTTP streaming."""
     response_format: str = "wav"
     seed: int | None = None
     max_tokens: int | None = Field(default=None, gt=0)
@@ -65,6 +71,9 @@ class SpeechRequest(BaseModel):
             task_type=self.task_type,
             ref_audio=self.ref_audio,
             ref_text=self.ref_text,
+            x_vector_only_mode=self.x_vector_only_mode,
+            speaker_embedding=None if self.speaker_embedding is None else tuple(self.speaker_embedding),
+            non_streaming_mode=self.non_streaming_mode,
             max_new_tokens=self.max_new_tokens or self.max_tokens,
             seed=self.seed,
         )
@@ -80,7 +89,7 @@ def make_app(pipeline: Pipeline, settings: Settings) -> FastAPI:
         if body.max_tokens is not None and body.max_new_tokens is not None:
             raise HTTPException(400, "max_tokens and max_new_tokens name the same budget: send one")
         try:
-            built = build_request(settings, body.speech_input(), body.prompt_token_ids)
+            built = build_request(settings, body.speech_input(), body.prompt_token_ids, from_network=True)
         except RequestError as exc:
             raise HTTPException(400, str(exc)) from exc
         budget = body.max_new_tokens or body.max_tokens or built.max_tokens

@@ -54,6 +54,8 @@ class Settings:
     """The model's request builder, made from the first stage's checkpoint; None: text as given."""
     request_options: dict[str, Any] = field(default_factory=dict)
     """``omnigen run``'s ``serve.request`` options that are set."""
+    allowed_local_media_path: str | None = None
+    """The folder under which a request's ``ref_audio`` may name a local file (None: none)."""
 
 
 def read_settings(cfg: DictConfig, plan: ModelPlan) -> Settings:
@@ -76,7 +78,8 @@ def read_settings(cfg: DictConfig, plan: ModelPlan) -> Settings:
         raise SettingsError("; ".join(problems))
     scratch = Path(tempfile.mkdtemp(prefix="omnigen-tiny-"))
     stage_models = {stage: _model_path(_stage_model(serve, stage), stage, scratch) for stage in stages}
-    builder = _request_builder(plan, stage_models[stages[0]])
+    first_max_tokens = (serve["sampling"].get(stages[0]) or {}).get("max_tokens", serve["max_tokens"])
+    builder = _request_builder(plan, stage_models[stages[0]], first_max_tokens)
     sample_rate = serve["sample_rate"] or (builder.sample_rate() if builder else DEFAULT_SAMPLE_RATE)
     return Settings(
         model=plan.name,
@@ -96,6 +99,7 @@ def read_settings(cfg: DictConfig, plan: ModelPlan) -> Settings:
         stage_sampling={stage: dict(serve["sampling"].get(stage) or {}) for stage in stages},
         builder=builder,
         request_options={k: v for k, v in serve["request"].items() if v is not None},
+        allowed_local_media_path=serve["allowed_local_media_path"],
     )
 
 
@@ -166,7 +170,7 @@ def _model_path(value: str, stage: str, scratch: Path) -> str:
     )
 
 
-def _request_builder(plan: ModelPlan, checkpoint: str) -> RequestBuilder | None:
+def _request_builder(plan: ModelPlan, checkpoint: str, max_tokens: int) -> RequestBuilder | None:
     path = plan.checkpoint.request_builder
     if path is None:
         if plan.checkpoint.provider is not None:
@@ -190,15 +194,22 @@ def _request_builder(plan: ModelPlan, checkpoint: str) -> RequestBuilder | None:
             f"{plan.source}: checkpoint.request_builder {path} does not load: {type(exc).__name__}: {exc}"
         ) from exc
     try:
-        return cls(checkpoint)
+        return cls(checkpoint, default_max_tokens=max_tokens)
     except (OSError, ValueError, KeyError) as exc:
         raise SettingsError(f"serve.models.{first}: {checkpoint}: {exc}") from exc
 
 
 def build_request(
-    settings: Settings, speech: SpeechInput | None, token_ids: list[int] | None = None
+    settings: Settings,
+    speech: SpeechInput | None,
+    token_ids: list[int] | None = None,
+    *,
+    from_network: bool = False,
 ) -> BuiltRequest:
-    """The first stage's prompt and payload for one request (``RequestError`` names a bad field)."""
+    """The first stage's prompt and payload for one request (``RequestError`` names a bad field).
+
+    ``from_network``: the request came over HTTP, so a local ``ref_audio`` file is read only
+    under ``serve.allowed_local_media_path`` (``omnigen run``'s own files are the user's)."""
     if token_ids is not None:
         if settings.builder is not None:
             raise RequestError(
@@ -209,9 +220,43 @@ def build_request(
     if speech is None or not speech.input:
         raise RequestError("input", "a request needs a text prompt (input) or prompt_token_ids")
     if settings.builder is not None:
+        from omnigen.providers.vllm_omni import module_installed
+
+        for module in settings.builder.engine_modules(speech):
+            if not module_installed(module):
+                field_name = "ref_audio" if speech.ref_audio is not None else "input"
+                raise RequestError(
+                    field_name,
+                    f"this request needs {module} in the stages' processes, which is not installed "
+                    f"here (install the {module} build that matches your torch)",
+                )
+        if (
+            from_network
+            and speech.ref_audio is not None
+            and not _ref_audio_allowed(settings, speech.ref_audio)
+        ):
+            raise RequestError(
+                "ref_audio",
+                "a local file is read only under serve.allowed_local_media_path "
+                f"({settings.allowed_local_media_path or 'not set'}); send a data: URI",
+            )
         return settings.builder.build(speech)
     _refuse_model_options(speech, settings.model)
     return BuiltRequest(prompt=prompt_of(settings, speech.input, None), max_tokens=speech.max_new_tokens)
+
+
+def _ref_audio_allowed(settings: Settings, source: str) -> bool:
+    """``data:`` URIs always; a local path (or ``file:`` URI) only under the allowed folder."""
+    if source.startswith("data:"):
+        return True
+    if settings.allowed_local_media_path is None:
+        return False
+    from urllib.parse import urlparse
+    from urllib.request import url2pathname
+
+    path = Path(url2pathname(urlparse(source).path) if source.startswith("file:") else source)
+    root = Path(settings.allowed_local_media_path).resolve()
+    return path.resolve().is_relative_to(root)
 
 
 def _refuse_model_options(speech: SpeechInput, model: str) -> None:
@@ -265,6 +310,8 @@ def sampling_of(
             fields.update(first_stage or {})
         if max_tokens is not None:
             fields["max_tokens"] = max_tokens
+        if fields.get("min_tokens", 0) > fields["max_tokens"]:
+            fields["min_tokens"] = fields["max_tokens"]  # a shorter budget than the floor: the budget wins
         found[stage.stage] = SamplingParams(
             **fields, seed=seed, extra_args=None if seed is None else {"tts_local_seed": seed}
         )

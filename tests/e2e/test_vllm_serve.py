@@ -36,6 +36,8 @@ def test_one_stage_behind_vllms_own_server(tmp_path):
         # No VLLM_USE_V2_MODEL_RUNNER: the generated worker and scheduler choose the V1 runner.
         **{k: v for k, v in os.environ.items() if k != "VLLM_USE_V2_MODEL_RUNNER"},
         "VLLM_CPU_KVCACHE_SPACE": "1",
+        # As the README's `vllm serve` line: omnigen's plugin registers the named model's classes.
+        "OMNIGEN_MODELS": "omnigen_tiny",
         "VLLM_PLUGINS": "omnigen",
     }
     env["PYTHONPATH"] = str(REPO_ROOT)

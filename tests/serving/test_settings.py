@@ -111,3 +111,53 @@ def test_a_model_without_a_builder_refuses_options_it_does_not_have():
 def test_a_real_model_without_a_request_builder_is_refused_not_fed_raw_text(tmp_path):
     with pytest.raises(SettingsError, match="fish_speech: omnigen has no request builder for Fish Speech"):
         _settings("fish_speech", [f"serve.checkpoint={tmp_path}"])
+
+
+def test_requests_the_engines_cannot_run_here_or_files_outside_the_allowed_folder_are_refused(
+    checkpoint, tmp_path, monkeypatch
+):
+    from omnigen.providers import vllm_omni
+    from omnigen.requests.base import RequestError, SpeechInput
+    from omnigen.serving.settings import build_request
+
+    base = tmp_path / "base"
+    from tests.checkpoints import write_qwen3_tts
+
+    write_qwen3_tts(base, "base")
+    clip = tmp_path / "clips" / "me.wav"
+    clip.parent.mkdir()
+    import numpy as np
+    import soundfile
+
+    soundfile.write(clip, np.zeros(24000, dtype=np.float32), 24000)
+    speech = SpeechInput(input="hello world", ref_audio=str(clip), ref_text="hello world")
+
+    settings, _ = _settings("qwen3_tts", [f"serve.checkpoint={base}"])
+    monkeypatch.setattr(vllm_omni, "module_installed", lambda name: name != "torchaudio")
+    with pytest.raises(
+        RequestError, match="ref_audio: this request needs torchaudio in the stages' processes"
+    ):
+        build_request(settings, speech)
+
+    monkeypatch.setattr(vllm_omni, "module_installed", lambda name: True)
+    with pytest.raises(
+        RequestError, match="ref_audio: a local file is read only under serve.allowed_local_media_path"
+    ):
+        build_request(settings, speech, from_network=True)
+    assert build_request(settings, speech).payload["ref_audio"]  # omnigen run: the user's own file
+    allowed, _ = _settings(
+        "qwen3_tts", [f"serve.checkpoint={base}", f"serve.allowed_local_media_path={clip.parent}"]
+    )
+    assert build_request(allowed, speech, from_network=True).payload["ref_audio"]
+    elsewhere, _ = _settings(
+        "qwen3_tts", [f"serve.checkpoint={base}", f"serve.allowed_local_media_path={base}"]
+    )
+    with pytest.raises(RequestError, match="allowed_local_media_path"):
+        build_request(elsewhere, speech, from_network=True)
+
+
+def test_a_budget_under_the_floor_lowers_the_floor(checkpoint):
+    settings, _ = _settings("qwen3_tts", [f"serve.checkpoint={checkpoint}"])
+    talker = sampling_of(settings, pipeline.model_plan("qwen3_tts"), seed=None, max_tokens=1)["qwen3_tts"]
+    assert (talker.max_tokens, talker.min_tokens) == (1, 1)
+    assert settings.builder.default_max_tokens == 4096

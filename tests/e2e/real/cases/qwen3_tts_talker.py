@@ -243,7 +243,7 @@ def prompt_len(payload: dict[str, Any]) -> int:
 def _request(rid: str, max_tokens: int, seed: int | None, **payload: Any) -> RealRequest:
     payload = {"task_type": ["VoiceDesign"], **{k: [v] for k, v in payload.items()}}
     n = prompt_len(payload)
-    # Placeholder ids (vllm-omni's serving layer sends codec_pad); the talker replaces them.
+    # Placeholder ids (vllm-omni 0.30's adapter sends [1] * n); the talker replaces them.
     return RealRequest(rid, [CODEC["codec_pad_id"]] * n, max_tokens=max_tokens, payload=payload, seed=seed)
 
 
