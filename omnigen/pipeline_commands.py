@@ -38,6 +38,7 @@ def serve_overrides(model: str, overrides: Sequence[str]) -> list[str]:
 
 def run(command: str, model: str, overrides: Sequence[str]) -> int:
     from omnigen.requests.base import RequestError, SpeechInput
+    from omnigen.serving.limits import check_request
     from omnigen.serving.pipeline import Pipeline, PipelineError
     from omnigen.serving.settings import SettingsError, build_request, read_settings, sampling_of
 
@@ -65,12 +66,12 @@ def run(command: str, model: str, overrides: Sequence[str]) -> int:
         if command == "serve":
             from omnigen.serving.http import serve
 
-            serve(pipe, settings)
-            return 0
+            return serve(pipe, settings)
         try:
             speech = SpeechInput(input=settings.prompt, seed=settings.seed, **settings.request_options)
             built = build_request(settings, speech, settings.prompt_token_ids)
             sampling = sampling_of(settings, plan, settings.seed, built.max_tokens, built.sampling)
+            check_request(pipe.limits, pipe.stages, built, sampling)
             (out,) = pipe.generate([built.prompt], sampling, payloads=[built.payload])
         except RequestError as exc:
             log.error("omnigen run: serve.request.%s", exc)

@@ -494,6 +494,23 @@ class ServeConf:
     port: int = 8000
     """``omnigen serve``'s port."""
 
+    api_key: Optional[str] = None
+    """The bearer token every route but ``/health`` requires (``Authorization: Bearer KEY``);
+    null: the environment's ``OMNIGEN_API_KEY``, and without that no key (any caller is served).
+    Prefer the environment variable: a key on the command line shows in the process list."""
+
+    max_concurrent_requests: int = 64
+    """Requests the pipeline runs at once; more wait in the queue."""
+
+    max_queued_requests: int = 256
+    """Requests that may wait for a slot; beyond that a request is answered 429 (``Retry-After``)."""
+
+    request_timeout_s: float = 600.0
+    """A request still running after this many seconds is aborted in every stage (504)."""
+
+    max_body_bytes: int = 16777216
+    """The largest request body (413 beyond it); 16 MiB holds a 30 s reference clip as a data URI."""
+
 
 @dataclass
 class OmniGenConfig:

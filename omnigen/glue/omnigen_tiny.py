@@ -16,13 +16,16 @@ No vllm-omni counterparts.
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
-from .types import GlueError, NextStageInput, StageResult, owned_cpu
+from .types import GlueError, NextStageInput, StageResult, bounds_next_prompt, owned_cpu
 
 THINKER2TALKER = "omnigen.glue.omnigen_tiny.thinker2talker"
 
 
+@bounds_next_prompt(lambda tokens, _payload, _hf_config: tokens)  # one talker id per thinker token
 def thinker2talker(source: StageResult) -> NextStageInput:
     """The tiny thinker's output ids and ``hidden`` rows -> the tiny talker's prompt and payload."""
     from omnigen.testing.tiny_omni import thinker_to_talker
@@ -42,6 +45,15 @@ def thinker2talker(source: StageResult) -> NextStageInput:
     )
 
 
+def _codes_of_tokens(tokens: int, _payload: Any, hf_config: Any) -> int:
+    """At most one frame per talker token, ``omnigen_num_codebooks`` prompt ids a frame."""
+    from omnigen.testing.tiny_omni import KNOB_DEFAULTS
+
+    codebooks = getattr(hf_config, "omnigen_num_codebooks", KNOB_DEFAULTS["omnigen_num_codebooks"])
+    return tokens * int(codebooks)
+
+
+@bounds_next_prompt(_codes_of_tokens)
 def talker2code2wav(source: StageResult) -> NextStageInput:
     """The tiny talker's ``codes.audio`` -> the tiny code2wav's prompt (offset codes)."""
     # Imported here: tiny_omni imports vLLM's model layers, which a glue lookup need not load.

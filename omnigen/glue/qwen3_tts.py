@@ -11,7 +11,14 @@ from typing import Any
 
 import torch
 
-from .types import GlueError, NextStageInput, StageResult, finished_flag, prompt_list_entry
+from .types import (
+    GlueError,
+    NextStageInput,
+    StageResult,
+    bounds_next_prompt,
+    finished_flag,
+    prompt_list_entry,
+)
 
 CODEBOOK_SIZE = 2048
 """Codes of the 12 Hz tokenizer are in [0, 2048)."""
@@ -60,6 +67,18 @@ def _ref_codes(raw: Any, num_quantizers: int, ref_code_len: int) -> torch.Tensor
     return ref.contiguous()
 
 
+def _codes_of_tokens(tokens: int, first_payload: Any, hf_config: Any) -> int:
+    """code2wav's longest prompt for a talker budget: one position per code, Q codes a frame,
+    a frame per sampled token but the stop token (at least one), plus a clone's reference frames
+    (the request builder's ``ref_code_length``)."""
+    talker = getattr(hf_config, "talker_config", None)
+    num_quantizers = int(getattr(talker, "num_code_groups", DEFAULT_NUM_QUANTIZERS))
+    ref = first_payload.get("ref_code_length") if isinstance(first_payload, dict) else None
+    ref_frames = int(ref[0]) if isinstance(ref, list) and ref and isinstance(ref[0], int) else 0
+    return num_quantizers * (max(tokens - 1, 1) + ref_frames)
+
+
+@bounds_next_prompt(_codes_of_tokens)
 def talker2code2wav(source: StageResult) -> NextStageInput:
     """The talker's codec frames -> code2wav's codes, codebook-major, reference codes first.
 

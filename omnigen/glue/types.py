@@ -33,6 +33,27 @@ class GlueError(ValueError):
         self.reason = reason
 
 
+PromptBound = Callable[[int, Mapping[str, Any], Any], int]
+"""``(producer_tokens, first_payload, producer_hf_config) -> the consumer's longest prompt``."""
+
+
+def bounds_next_prompt(bound: PromptBound) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Declare how long the prompt a glue function makes can be, for a producer that samples at
+    most ``producer_tokens`` tokens: the server checks a request against every later stage's
+    context before the first stage runs (``omnigen.serving.limits``)."""
+
+    def attach(glue: Callable[..., Any]) -> Callable[..., Any]:
+        glue.next_prompt_bound = bound  # type: ignore[attr-defined]
+        return glue
+
+    return attach
+
+
+def next_prompt_bound(glue: Callable[..., Any]) -> PromptBound | None:
+    """The bound a glue function declares, or None."""
+    return getattr(glue, "next_prompt_bound", None)
+
+
 @dataclass(frozen=True)
 class StageResult:
     """One finished request of a producing stage, as the driver sees it."""

@@ -404,6 +404,13 @@ TRANSPORTS: dict[str, type] = {"inline": InlineTransport, "shm": ShmTransport}
 """The config names of the transports (``stages.<stage>.transport``)."""
 
 
+def handle_bytes(handle: dict) -> int:
+    """How many payload bytes a handle stands for (its envelope inline, its segment's size)."""
+    if "envelope" in handle:
+        return len(handle["envelope"])
+    return int(handle.get("size", 0))
+
+
 def transport_for(name: str) -> Transport:
     """A new transport for a config name (``inline`` or ``shm``)."""
     cls = TRANSPORTS.get(name) if isinstance(name, str) else None

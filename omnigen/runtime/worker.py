@@ -79,6 +79,12 @@ class _OmniWorker:
         with _module_attr(module_name, attr, self.built_runner_class()):
             super().init_device()  # type: ignore[misc]
 
+    def omni_kv_cache_groups(self) -> int | None:
+        """How many KV-cache groups the runner allocated (0: a model without attention cache,
+        whose prompts vLLM's engine core will not chunk); for the server's request limits."""
+        config = getattr(self.model_runner, "kv_cache_config", None)  # type: ignore[attr-defined]
+        return None if config is None else len(config.kv_cache_groups)
+
     def omni_request_state(self) -> dict[str, list[str]]:
         """The per-request state the runner holds, by request id; for ``collective_rpc`` by name
         (across processes vLLM calls a worker method by its name only)."""

@@ -20,14 +20,23 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
+import json
 import logging
-from typing import Any
+import time
+from collections.abc import AsyncIterator, Callable
+from typing import Annotated, Any
 
 from fastapi import FastAPI, HTTPException, Request, Response
-from pydantic import BaseModel, ConfigDict, Field
+from fastapi.exceptions import RequestValidationError
+from pydantic import BaseModel, ConfigDict, Field, StrictInt
 
 from omnigen.requests.base import RequestError, SpeechInput
 from omnigen.serving.audio import wav_bytes
+from omnigen.serving.guards import Admission, Busy, Guard
+from omnigen.serving.limits import check_request
+from omnigen.serving.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
+from omnigen.serving.metrics import ServerMetrics
 from omnigen.serving.pipeline import Pipeline, PipelineError, PipelineOutput
 from omnigen.serving.settings import Settings, build_request, sampling_of
 
@@ -51,16 +60,19 @@ class SpeechRequest(BaseModel):
     ref_text: str | None = None
     x_vector_only_mode: bool | None = None
     """Clone from the reference's speaker embedding alone (no ``ref_text``)."""
-    speaker_embedding: list[float] | None = None
+    speaker_embedding: list[Annotated[float, Field(allow_inf_nan=False)]] | None = Field(
+        default=None, max_length=65536
+    )
     """A precomputed speaker embedding to clone instead of ``ref_audio``."""
     non_streaming_mode: bool | None = None
     """The model's prompt layout (Qwen3-TTS: all text at prefill); not HTTP streaming."""
     response_format: str = "wav"
-    seed: int | None = None
-    max_tokens: int | None = Field(default=None, gt=0)
+    seed: int | None = Field(default=None, ge=0, le=2**63 - 1)
+    max_tokens: int | None = Field(default=None, gt=0, le=2**31 - 1)
     """The first stage's token budget (vllm-omni: ``max_new_tokens``)."""
-    max_new_tokens: int | None = Field(default=None, gt=0)
-    prompt_token_ids: list[int] | None = None
+    max_new_tokens: int | None = Field(default=None, gt=0, le=2**31 - 1)
+    prompt_token_ids: list[StrictInt] | None = None
+    """JSON integers only: ``true``, ``1.0`` or a string is refused (422), never read as a token id."""
 
     def speech_input(self) -> SpeechInput:
         return SpeechInput(
@@ -79,26 +91,94 @@ class SpeechRequest(BaseModel):
         )
 
 
-def make_app(pipeline: Pipeline, settings: Settings) -> FastAPI:
-    app = FastAPI(title=f"omnigen {settings.model}")
+class ServerState:
+    """What the server knows of its pipeline's health."""
+
+    def __init__(self) -> None:
+        self.dead: dict[str, str] = {}
+        """stage -> why its engine is dead (from then on the server answers 503 and exits)."""
+
+
+def make_app(
+    pipeline: Pipeline, settings: Settings, *, on_engine_death: Callable[[str, str], None] | None = None
+) -> FastAPI:
+    """The HTTP API over ``pipeline``; ``on_engine_death(stage, reason)`` is called once when a
+    stage's engine is found dead (``serve`` then stops the server with a non-zero exit)."""
+    metrics = ServerMetrics(pipeline)
+    admission = Admission(settings.max_concurrent_requests, settings.max_queued_requests)
+    health = ServerState()
     final_audio = any(stage.final_output == "audio" for stage in pipeline.plan.stages)
 
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        watchdog = asyncio.create_task(_watch_engines(pipeline, health, metrics, on_engine_death))
+        try:
+            yield
+        finally:
+            watchdog.cancel()
+
+    app = FastAPI(title=f"omnigen {settings.model}", lifespan=lifespan)
+    app.state.health = health
+    app.state.admission = admission
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid_body(_request: Request, exc: RequestValidationError) -> Response:
+        # FastAPI's own answer echoes each bad value, which may not be JSON (a NaN, Infinity):
+        # name the field and the rule only.
+        detail = [
+            {"loc": list(e.get("loc", ())), "msg": e.get("msg", ""), "type": e.get("type", "")}
+            for e in exc.errors()
+        ]
+        return Response(json.dumps({"detail": detail}), status_code=422, media_type="application/json")
+
+    def dead_stage() -> HTTPException | None:
+        if not health.dead:
+            return None
+        stage, reason = next(iter(health.dead.items()))
+        return HTTPException(503, f"stage {stage!r}'s engine is dead ({reason}); the server is restarting")
+
     async def run(body: SpeechRequest, request: Request) -> PipelineOutput:
+        arrived = time.perf_counter()
+        request_id = request.state.request_id
         if body.model not in (None, settings.model):
             raise HTTPException(404, f"this server serves {settings.model!r}, not {body.model!r}")
         if body.max_tokens is not None and body.max_new_tokens is not None:
             raise HTTPException(400, "max_tokens and max_new_tokens name the same budget: send one")
+        if (refusal := dead_stage()) is not None:
+            raise refusal
         try:
             built = build_request(settings, body.speech_input(), body.prompt_token_ids, from_network=True)
+            budget = body.max_new_tokens or body.max_tokens or built.max_tokens
+            sampling = sampling_of(settings, pipeline.plan, body.seed, budget, built.sampling)
+            check_request(pipeline.limits, pipeline.stages, built, sampling)
         except RequestError as exc:
             raise HTTPException(400, str(exc)) from exc
-        budget = body.max_new_tokens or body.max_tokens or built.max_tokens
-        sampling = sampling_of(settings, pipeline.plan, body.seed, budget, built.sampling)
-        future = pipeline.submit(built.prompt, sampling, payload=built.payload)
         try:
-            return await _unless_disconnected(future, request)
-        except PipelineError as exc:
-            raise HTTPException(500, str(exc)) from exc
+            await admission.acquire()
+        except Busy:
+            raise HTTPException(
+                429,
+                f"{admission.running} requests are running and {admission.queued} waiting "
+                "(serve.max_concurrent_requests, serve.max_queued_requests); retry later",
+                headers={"Retry-After": "1"},
+            ) from None
+        metrics.queue_seconds.observe(time.perf_counter() - arrived)
+        try:
+            future = pipeline.submit(built.prompt, sampling, request_id=request_id, payload=built.payload)
+            try:
+                out = await _until_done(future, request, settings.request_timeout_s)
+            except PipelineError as exc:
+                raise dead_stage() or _input_error(exc) or HTTPException(500, str(exc)) from exc
+            except Exception as exc:
+                if (refusal := dead_stage() or _dead_engine_error(exc) or _vllm_input_error(exc)) is not None:
+                    raise refusal from exc
+                raise
+        finally:
+            admission.release()
+        for stage, seconds in out.seconds.items():
+            metrics.stage_seconds.labels(stage).observe(seconds)
+        log.info("request %s: done in %.3f s", request_id, time.perf_counter() - arrived)
+        return out
 
     @app.post("/v1/audio/speech")
     async def speech(body: SpeechRequest, request: Request) -> Response:
@@ -106,7 +186,10 @@ def make_app(pipeline: Pipeline, settings: Settings) -> FastAPI:
             raise HTTPException(400, f"response_format {body.response_format!r}: this server writes wav")
         if not final_audio:
             raise HTTPException(404, f"{settings.model} has no audio stage")
+        arrived = time.perf_counter()
         out = await run(body, request)
+        metrics.first_audio_seconds.observe(time.perf_counter() - arrived)
+        metrics.audio_seconds.inc(out.audio.numel() / settings.sample_rate)
         return Response(wav_bytes(out.audio, settings.sample_rate), media_type="audio/wav")
 
     @app.post("/v1/omnigen/generate")
@@ -132,8 +215,18 @@ def make_app(pipeline: Pipeline, settings: Settings) -> FastAPI:
         }
 
     @app.get("/health")
-    async def health() -> dict[str, str]:
-        return {"status": "ok"}
+    async def health_route() -> Response:
+        if health.dead:
+            stage, reason = next(iter(health.dead.items()))
+            body = {"status": "dead", "stage": stage, "reason": reason}
+            return Response(json.dumps(body), status_code=503, media_type="application/json")
+        return Response(json.dumps({"status": "ok"}), media_type="application/json")
+
+    @app.get("/metrics")
+    async def metrics_route() -> Response:
+        metrics.running.set(admission.running)
+        metrics.queued.set(admission.queued)
+        return Response(metrics.exposition(), media_type=METRICS_CONTENT_TYPE)
 
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:
@@ -144,22 +237,91 @@ def make_app(pipeline: Pipeline, settings: Settings) -> FastAPI:
         future = pipeline.run(_stage_states(pipeline))
         return await asyncio.wrap_future(future)
 
-    return app
+    def answered(path: str, status: int, seconds: float) -> None:
+        route = path if path in ROUTES else "other"
+        metrics.requests.labels(route, str(status)).inc()
+        metrics.request_seconds.labels(route).observe(seconds)
+
+    return Guard(app, api_key=settings.api_key, max_body_bytes=settings.max_body_bytes, on_response=answered)
 
 
-async def _unless_disconnected(
-    future: concurrent.futures.Future[PipelineOutput], request: Request
+ROUTES = frozenset(
+    {"/v1/audio/speech", "/v1/omnigen/generate", "/v1/audio/voices", "/health", "/metrics", "/v1/models",
+     "/v1/omnigen/state", "/docs", "/openapi.json"}
+)  # fmt: skip
+ENGINE_WATCH_S = 0.5
+
+
+async def _watch_engines(
+    pipeline: Pipeline,
+    health: ServerState,
+    metrics: ServerMetrics,
+    on_death: Callable[[str, str], None] | None,
+) -> None:
+    """Look at every stage's engine twice a second; the first dead one is reported once."""
+    while True:
+        for runtime in pipeline.stages:
+            engine = runtime.engine
+            stage = runtime.plan.stage
+            if engine is None or stage in health.dead or not getattr(engine, "errored", False):
+                continue
+            reason = _reason(getattr(engine, "dead_error", None)) or "its engine core stopped"
+            health.dead[stage] = reason
+            metrics.engine_deaths.labels(stage).inc()
+            log.error("stage %r: engine dead (%s); answering 503 from now on", stage, reason)
+            if on_death is not None:
+                on_death(stage, reason)
+        await asyncio.sleep(ENGINE_WATCH_S)
+
+
+def _reason(error: Any) -> str:
+    return " ".join(str(error).split())[:300] if error is not None else ""
+
+
+def _dead_engine_error(exc: BaseException) -> HTTPException | None:
+    from vllm.v1.engine.exceptions import EngineDeadError
+
+    if isinstance(exc, EngineDeadError):
+        return HTTPException(503, f"a stage's engine died while running the request ({_reason(exc)})")
+    return None
+
+
+def _vllm_input_error(exc: BaseException) -> HTTPException | None:
+    """vLLM refused a stage's input in this process, before its engine saw it (its own checks)."""
+    if type(exc).__name__ == "VLLMValidationError":
+        return HTTPException(400, " ".join(str(exc).split()))
+    return None
+
+
+def _input_error(exc: PipelineError) -> HTTPException | None:
+    """A stage refused its input before running it (vLLM's own checks): the caller's to fix."""
+    cause = exc.__cause__
+    if cause is not None and type(cause).__name__ == "VLLMValidationError":
+        return HTTPException(400, str(exc))
+    return None
+
+
+async def _until_done(
+    future: concurrent.futures.Future[PipelineOutput], request: Request, timeout_s: float
 ) -> PipelineOutput:
-    """The pipeline's result, or the request cancelled (aborted in every stage) if the client leaves."""
+    """The pipeline's result; the request cancelled (aborted in every stage) if the client leaves
+    or it runs past ``timeout_s``."""
     waiting = asyncio.wrap_future(future)
+    deadline = time.perf_counter() + timeout_s
     while True:
         done, _ = await asyncio.wait({waiting}, timeout=DISCONNECT_POLL_S)
         if done:
             return waiting.result()
         if await request.is_disconnected():
             future.cancel()
-            log.info("client went away: request aborted in every stage")
+            log.info("request %s: client went away: aborted in every stage", request.state.request_id)
             raise HTTPException(499, "client disconnected")
+        if time.perf_counter() > deadline:
+            future.cancel()
+            log.info("request %s: over %.0f s: aborted in every stage", request.state.request_id, timeout_s)
+            raise HTTPException(
+                504, f"the request ran over {timeout_s:g} s (serve.request_timeout_s) and was aborted"
+            )
 
 
 async def _stage_states(pipeline: Pipeline) -> dict[str, Any]:
@@ -169,12 +331,38 @@ async def _stage_states(pipeline: Pipeline) -> dict[str, Any]:
     }
 
 
-def serve(pipeline: Pipeline, settings: Settings) -> None:
-    """Run the server until interrupted.
+ENGINE_DEATH_EXIT = 70
+"""``omnigen serve``'s exit status when a stage's engine died (EX_SOFTWARE): a supervisor
+(systemd, Kubernetes) restarts the whole server, which starts every engine again."""
 
-    On SIGTERM uvicorn shuts the HTTP side down, then raises the signal again under the handler
-    it found: inside ``with pipeline:`` that is the pipeline's, which shuts the engines down.
+
+def serve(pipeline: Pipeline, settings: Settings) -> int:
+    """Run the server until interrupted; returns the exit status (``ENGINE_DEATH_EXIT`` when a
+    stage's engine died: in-flight requests got 503, then the server stopped).
+
+    On SIGTERM uvicorn stops taking connections, lets in-flight requests finish (up to its
+    graceful timeout), then raises the signal again under the handler it found: inside
+    ``with pipeline:`` that is the pipeline's, which shuts the engines down.
     """
     import uvicorn
 
-    uvicorn.run(make_app(pipeline, settings), host=settings.host, port=settings.port, log_level="info")
+    exit_status = 0
+    server: uvicorn.Server | None = None
+
+    def on_engine_death(stage: str, reason: str) -> None:
+        nonlocal exit_status
+        exit_status = ENGINE_DEATH_EXIT
+        if server is not None:
+            # A moment for in-flight requests to get their 503, then stop.
+            asyncio.get_running_loop().call_later(1.0, setattr, server, "should_exit", True)
+
+    config = uvicorn.Config(
+        make_app(pipeline, settings, on_engine_death=on_engine_death),
+        host=settings.host,
+        port=settings.port,
+        log_level="info",
+        timeout_graceful_shutdown=30,
+    )
+    server = uvicorn.Server(config)
+    server.run()
+    return exit_status

@@ -40,6 +40,7 @@ from omnigen.plan import SCHEDULER_CLS, ModelPlan, StagePlan
 from omnigen.runtime import transport as transports
 from omnigen.runtime.serialization import INLINE_PAYLOAD_KEY
 from omnigen.serving.client import stage_payload
+from omnigen.serving.limits import StageLimits, stage_limits
 
 log = logging.getLogger("omnigen.serving")
 
@@ -100,6 +101,10 @@ class Pipeline:
         self.mode = mode
         self.stage_seconds: dict[str, float] = {s.plan.stage: 0.0 for s in stages}
         self._entry_transport = transports.transport_for("inline")
+        self.payload_bytes: dict[str, int] = {}
+        """Payload bytes handed to each transport (inline, shm), for the server's metrics."""
+        self.limits: list[StageLimits] = []
+        """Each stage's limits (``omnigen.serving.limits``), read from its engine at start."""
         self._previous_sigterm: Any = None
         self.loop: asyncio.AbstractEventLoop | None = None
         """``mp``: the event loop every request runs in (an ``AsyncLLM`` serves one loop), on a
@@ -175,7 +180,23 @@ class Pipeline:
             for runtime in stages:
                 _shutdown(runtime)
             raise
-        return cls(plan, stages, mode)
+        pipeline = cls(plan, stages, mode)
+        try:
+            pipeline.limits = stage_limits(stages, pipeline._kv_cache_groups())
+        except BaseException:
+            pipeline.close()
+            raise
+        return pipeline
+
+    def _kv_cache_groups(self) -> list[int | None]:
+        """What each stage's runner allocated (``omni_kv_cache_groups`` on its worker)."""
+        if self.loop is None:
+            return [runtime.engine.collective_rpc("omni_kv_cache_groups")[0] for runtime in self.stages]
+
+        async def ask() -> list[int | None]:
+            return [(await r.engine.collective_rpc("omni_kv_cache_groups"))[0] for r in self.stages]
+
+        return self.run(ask()).result(timeout=120)
 
     def close(self) -> None:
         """Shut every engine down; unlink every payload segment no consumer released."""
@@ -318,7 +339,13 @@ class Pipeline:
         """What a request takes into the first stage: the request builder's payload, inline."""
         if not payload:
             return Carried()
-        return Carried(handle=self._entry_transport.put(request_id, dict(payload)), payload=dict(payload))
+        handle = self._entry_transport.put(request_id, dict(payload))
+        self._count_payload(handle)
+        return Carried(handle=handle, payload=dict(payload))
+
+    def _count_payload(self, handle: dict[str, Any]) -> None:
+        name = str(handle.get(transports.TRANSPORT_KEY, "inline"))
+        self.payload_bytes[name] = self.payload_bytes.get(name, 0) + transports.handle_bytes(handle)
 
     def _params(self, runtime: StageRuntime, sampling: Mapping[str, Any], handle: dict[str, Any]) -> Any:
         from vllm import SamplingParams
@@ -378,6 +405,8 @@ class Pipeline:
         if made.multi_modal_data:
             next_prompt["multi_modal_data"] = made.multi_modal_data
         next_handle = runtime.transport.put(request_id, made.payload) if made.payload else {}
+        if next_handle:
+            self._count_payload(next_handle)
         return next_prompt, Carried(handle=next_handle, payload=made.payload)
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import os
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,6 +27,8 @@ TINY_PREFIX = "omnigen_tiny:"
 BYTE_TOKEN_OFFSET = 10
 """``serve.tokenizer=bytes``: byte ``b`` of a UTF-8 prompt is token ``b + 10``."""
 DEFAULT_SAMPLE_RATE = 24000
+API_KEY_ENV = "OMNIGEN_API_KEY"
+"""Where ``omnigen serve`` reads its API key when ``serve.api_key`` is null."""
 
 
 class SettingsError(ValueError):
@@ -56,6 +59,12 @@ class Settings:
     """``omnigen run``'s ``serve.request`` options that are set."""
     allowed_local_media_path: str | None = None
     """The folder under which a request's ``ref_audio`` may name a local file (None: none)."""
+    api_key: str | None = field(default=None, repr=False)
+    """The bearer token the server requires (None: none); never printed."""
+    max_concurrent_requests: int = 64
+    max_queued_requests: int = 256
+    request_timeout_s: float = 600.0
+    max_body_bytes: int = 16 * 1024 * 1024
 
 
 def read_settings(cfg: DictConfig, plan: ModelPlan) -> Settings:
@@ -74,6 +83,17 @@ def read_settings(cfg: DictConfig, plan: ModelPlan) -> Settings:
     if not 0 <= serve["temperature"] < float("inf"):
         problems.append(f"serve.temperature: {serve['temperature']} must be a finite number >= 0")
     problems += _sampling_problems(serve["sampling"])
+    for key in ("max_concurrent_requests", "max_body_bytes"):
+        if serve[key] <= 0:
+            problems.append(f"serve.{key}: {serve[key]} must be positive")
+    if serve["max_queued_requests"] < 0:
+        problems.append(f"serve.max_queued_requests: {serve['max_queued_requests']} must be >= 0")
+    if not 0 < serve["request_timeout_s"] < float("inf"):
+        problems.append(
+            f"serve.request_timeout_s: {serve['request_timeout_s']} must be a positive number of seconds"
+        )
+    if serve["api_key"] is not None and not str(serve["api_key"]).strip():
+        problems.append("serve.api_key: empty; set a key or leave it null")
     if problems:
         raise SettingsError("; ".join(problems))
     scratch = Path(tempfile.mkdtemp(prefix="omnigen-tiny-"))
@@ -100,6 +120,11 @@ def read_settings(cfg: DictConfig, plan: ModelPlan) -> Settings:
         builder=builder,
         request_options={k: v for k, v in serve["request"].items() if v is not None},
         allowed_local_media_path=serve["allowed_local_media_path"],
+        api_key=serve["api_key"] or os.environ.get(API_KEY_ENV) or None,
+        max_concurrent_requests=serve["max_concurrent_requests"],
+        max_queued_requests=serve["max_queued_requests"],
+        request_timeout_s=float(serve["request_timeout_s"]),
+        max_body_bytes=serve["max_body_bytes"],
     )
 
 
