@@ -46,14 +46,16 @@ def thinker2talker(source: StageResult) -> NextStageInput:
 
 
 def _codes_of_tokens(tokens: int, _payload: Any, hf_config: Any) -> int:
-    """At most one frame per talker token, ``omnigen_num_codebooks`` prompt ids a frame."""
+    """At most one frame per talker token, ``omnigen_num_codebooks`` prompt ids a frame (the
+    prefill's token has no frame: the code predictor runs on decode steps, so one frame needs
+    two tokens)."""
     from omnigen.testing.tiny_omni import KNOB_DEFAULTS
 
     codebooks = getattr(hf_config, "omnigen_num_codebooks", KNOB_DEFAULTS["omnigen_num_codebooks"])
     return tokens * int(codebooks)
 
 
-@bounds_next_prompt(_codes_of_tokens)
+@bounds_next_prompt(_codes_of_tokens, min_producer_tokens=2)
 def talker2code2wav(source: StageResult) -> NextStageInput:
     """The tiny talker's ``codes.audio`` -> the tiny code2wav's prompt (offset codes)."""
     # Imported here: tiny_omni imports vLLM's model layers, which a glue lookup need not load.

@@ -37,13 +37,17 @@ PromptBound = Callable[[int, Mapping[str, Any], Any], int]
 """``(producer_tokens, first_payload, producer_hf_config) -> the consumer's longest prompt``."""
 
 
-def bounds_next_prompt(bound: PromptBound) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+def bounds_next_prompt(
+    bound: PromptBound, *, min_producer_tokens: int = 1
+) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """Declare how long the prompt a glue function makes can be, for a producer that samples at
-    most ``producer_tokens`` tokens: the server checks a request against every later stage's
-    context before the first stage runs (``omnigen.serving.limits``)."""
+    most ``producer_tokens`` tokens, and how many tokens the producer must sample for the prompt
+    not to be empty: the server checks a request against every later stage before the first
+    stage runs (``omnigen.serving.limits``)."""
 
     def attach(glue: Callable[..., Any]) -> Callable[..., Any]:
         glue.next_prompt_bound = bound  # type: ignore[attr-defined]
+        glue.min_producer_tokens = min_producer_tokens  # type: ignore[attr-defined]
         return glue
 
     return attach
@@ -52,6 +56,11 @@ def bounds_next_prompt(bound: PromptBound) -> Callable[[Callable[..., Any]], Cal
 def next_prompt_bound(glue: Callable[..., Any]) -> PromptBound | None:
     """The bound a glue function declares, or None."""
     return getattr(glue, "next_prompt_bound", None)
+
+
+def min_producer_tokens(glue: Callable[..., Any]) -> int:
+    """The fewest tokens the producer must sample for the glue to make a prompt (1 if undeclared)."""
+    return int(getattr(glue, "min_producer_tokens", 1))
 
 
 @dataclass(frozen=True)

@@ -177,6 +177,10 @@ def make_app(
             admission.release()
         for stage, seconds in out.seconds.items():
             metrics.stage_seconds.labels(stage).observe(seconds)
+        for stage, seconds in out.queued_seconds.items():
+            metrics.stage_queue_seconds.labels(stage).observe(seconds)
+        for stage, seconds in out.running_seconds.items():
+            metrics.stage_run_seconds.labels(stage).observe(seconds)
         log.info("request %s: done in %.3f s", request_id, time.perf_counter() - arrived)
         return out
 

@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from omnigen.glue.types import next_prompt_bound
+from omnigen.glue.types import min_producer_tokens, next_prompt_bound
 from omnigen.requests.base import BuiltRequest, RequestError
 
 log = logging.getLogger("omnigen.serving")
@@ -33,6 +33,8 @@ class StageLimits:
     a step's tokens where its prompts are not chunked."""
     prompt_bound: Any = None
     """The glue bound of the edge into this stage (None: the first stage, or a glue without one)."""
+    min_producer_tokens: int = 1
+    """The fewest tokens the previous stage must sample for this stage's prompt not to be empty."""
 
 
 def stage_limits(stages: list[Any], kv_cache_groups: list[int | None]) -> list[StageLimits]:
@@ -54,6 +56,7 @@ def stage_limits(stages: list[Any], kv_cache_groups: list[int | None]) -> list[S
                 max_model_len=int(model_config.max_model_len),
                 max_prompt_tokens=longest,
                 prompt_bound=next_prompt_bound(previous.glue) if previous is not None else None,
+                min_producer_tokens=min_producer_tokens(previous.glue) if previous is not None else 1,
             )
         )
     for earlier, limits in zip(stages, found[1:], strict=False):
@@ -90,9 +93,23 @@ def check_request(
         if following.prompt_bound is None:
             return  # beyond here nothing is known before the stage runs (logged at start)
         params = sampling.get(stage.stage)
-        budget = 1 if stage.generation or params is None else int(params.max_tokens)
+        asked = 1 if stage.generation or params is None else int(params.max_tokens)
+        budget = asked
         if prompt_len is not None and not stage.generation:
             budget = min(budget, stage.max_model_len - prompt_len)  # vLLM stops at the context
+        if budget < following.min_producer_tokens:
+            least = following.min_producer_tokens
+            if asked < least:
+                raise RequestError(
+                    "max_tokens",
+                    f"stage {stage.stage!r} needs at least {least} tokens to give stage "
+                    f"{following.stage!r} any input; send max_tokens of at least {least}",
+                )
+            raise RequestError(
+                "input",
+                f"the prompt leaves stage {stage.stage!r} room for {budget} of the {least} tokens "
+                f"stage {following.stage!r} needs; shorten it to at most {stage.max_model_len - least} tokens",
+            )
 
         def longest(
             tokens: int, bound: Any = following.prompt_bound, hf_config: Any = runtime.hf_config

@@ -45,6 +45,20 @@ class ServerMetrics:
             buckets=_LATENCY_BUCKETS,
             registry=r,
         )
+        self.stage_queue_seconds = Histogram(
+            "omnigen_stage_queue_seconds",
+            "Time a request waited in a stage engine's queue",
+            ["stage"],
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.stage_run_seconds = Histogram(
+            "omnigen_stage_run_seconds",
+            "Time from a request's first step in a stage to its last token",
+            ["stage"],
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
         self.first_audio_seconds = Histogram(
             "omnigen_time_to_first_audio_seconds",
             "Time from arrival to the first audio sample sent",

@@ -67,6 +67,11 @@ class PipelineOutput:
     """The final audio stage's first published key (e.g. ``audio``), flattened to samples."""
     seconds: dict[str, float] = field(default_factory=dict)
     """Wall time each stage spent on this request (submit to finish)."""
+    queued_seconds: dict[str, float] = field(default_factory=dict)
+    """Per stage, the time the request waited in the engine's queue before its first step
+    (vLLM's own timestamps, where the engine keeps them: ``log_stats``)."""
+    running_seconds: dict[str, float] = field(default_factory=dict)
+    """Per stage, the time from the request's first step to its last token (the same source)."""
 
 
 @dataclass
@@ -368,6 +373,10 @@ class Pipeline:
         if completion.finish_reason == "abort":
             raise PipelineError(f"stage {name!r}: request {result.request_id!r} was aborted")
         result.token_ids[name] = list(completion.token_ids)
+        stats = getattr(out, "metrics", None)
+        if stats is not None and getattr(stats, "scheduled_ts", 0.0) > 0.0:
+            result.queued_seconds[name] = max(stats.scheduled_ts - stats.queued_ts, 0.0)
+            result.running_seconds[name] = max(stats.last_token_ts - stats.scheduled_ts, 0.0)
         if runtime.plan.final_output == "text":
             result.text[name] = completion.text or ""
         payload = stage_payload(out)

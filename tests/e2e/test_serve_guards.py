@@ -102,6 +102,8 @@ def test_every_route_but_health_needs_the_key_and_the_key_is_never_logged(server
         ({"prompt_token_ids": [999999999]}, 400, "prompt_token_ids[0]: 999999999 is not a token id of stage 'talker' (allowed: 0..511)"),
         ({"prompt_token_ids": [-5]}, 400, "prompt_token_ids[0]: -5 is not a token id"),
         ({"input": "hi", "max_tokens": 48}, 400, "send max_tokens of at most 31"),
+        ({"input": "hi", "max_tokens": 1}, 400, "max_tokens: stage 'talker' needs at least 2 tokens"),
+        ({"input": "a" * 127}, 400, "input: the prompt leaves stage 'talker' room for 1 of the 2 tokens"),
         ({"input": "a" * 20000}, 400, "input: the prompt is 20000 tokens; stage 'talker' takes at most 127"),
         ({"input": "hi", "voice": "ryan"}, 400, "voice: omnigen_tiny takes no voice"),
         ({"input": "hi", "speed": 2.0}, 422, "speed"),
@@ -196,6 +198,8 @@ def test_metrics_count_requests_by_route_and_status(server):
     assert 'omnigen_requests_total{route="/v1/audio/speech",status="200"}' in text
     assert 'omnigen_requests_total{route="/v1/audio/speech",status="400"}' in text
     assert 'omnigen_stage_seconds_count{stage="code2wav"}' in text
+    assert 'omnigen_stage_queue_seconds_count{stage="talker"}' in text
+    assert 'omnigen_stage_run_seconds_count{stage="code2wav"}' in text
     assert "omnigen_audio_seconds_total" in text and 'omnigen_payload_bytes_total{transport="shm"}' in text
 
 
