@@ -94,6 +94,8 @@ class _OmniWorker:
             "buffers": sorted(runner.model_intermediate_buffer),
             "generators": sorted(runner._talker_mtp_generators),
             "pending": sorted(runner._pending_full_payload_send),
+            "local_payloads": sorted(runner._local_stage_payload_cache),
+            "pending_broadcast": sorted(runner._full_payload_pending_broadcast_req_ids),
         }
 
 
