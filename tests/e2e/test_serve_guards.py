@@ -48,9 +48,12 @@ def server(tmp_path_factory):
         "serve.max_concurrent_requests=2", "serve.max_queued_requests=2", "serve.max_body_bytes=65536",
     ]  # fmt: skip
     with log.open("w") as out:
-        process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=env)
+        # A session of its own: a server that never came up is killed with its engine cores.
+        process = subprocess.Popen(
+            command, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True
+        )
     base = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 240
+    deadline = time.monotonic() + 420  # two engines start in turn; a loaded machine takes minutes
     while time.monotonic() < deadline:
         if process.poll() is not None:
             pytest.fail(f"omnigen serve exited {process.returncode}:\n{log.read_text()[-4000:]}")
@@ -60,7 +63,7 @@ def server(tmp_path_factory):
         except httpx.HTTPError:
             time.sleep(1)
     else:
-        process.kill()
+        os.killpg(process.pid, signal.SIGKILL)
         pytest.fail(f"omnigen serve did not come up:\n{log.read_text()[-4000:]}")
     yield base, log, process
     if process.poll() is None:
@@ -68,7 +71,7 @@ def server(tmp_path_factory):
         try:
             process.wait(120)
         except subprocess.TimeoutExpired:
-            process.kill()
+            os.killpg(process.pid, signal.SIGKILL)
 
 
 def _post(base: str, body: object, headers: dict | None = None, raw: bytes | None = None):
