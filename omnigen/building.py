@@ -6,7 +6,7 @@ What was written is logged (``omnigen.build``), one line per file at INFO; ``-q`
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from omnigen import paths, pipeline, render, variants
@@ -50,7 +50,9 @@ def build_model(
         files = variant_files(plan, overrides, record)
         known = set(record.models)
     configless = (
-        [p.name for p in root.iterdir() if p.is_dir() and p.name not in known] if root.is_dir() else []
+        [p.name for p in root.iterdir() if p.is_dir() and p.name not in known and not p.name.startswith(".")]
+        if root.is_dir()
+        else []
     )
     report = render.write_tree(root, files, scope=[plan.name, *configless])
     log_report(report, root, files_level=files_level)
@@ -79,31 +81,68 @@ def variant_files(plan: ModelPlan, overrides: Sequence[str], record: variants.Bu
     return render.finish(files)
 
 
+def every_model_files(
+    package: str | None = None, progress: Callable[[int, str], None] | None = None
+) -> dict[str, str]:
+    """Every model of conf/ as one tree: the committed one (``package`` None, what
+    ``pipeline.all_files`` makes) or a variant tree under ``package``.
+
+    Every model is planned before anything is written, and a build of every model is all or
+    nothing: if any model's config is bad, the ``ConfigError`` names every bad model, each with
+    its problems, and none is built (the tree's package init lists every model, and a tree of
+    some models rebuilt and others not would match no state of conf/). The good ones build one
+    by one: ``omnigen build model=NAME``.
+    """
+    models = paths.shipped_model_names()
+    files: dict[str, str] = {}
+    problems: list[tuple[str, str]] = []
+    for i, name in enumerate(models):
+        if progress is not None:
+            progress(i, name)
+        try:
+            plan = pipeline.model_plan(name)
+        except pipeline.ConfigError as exc:
+            problems.append((name, str(exc)))
+            continue
+        files.update(render.model_files(plan if package is None else plan.in_package(package)))
+    if problems:
+        raise pipeline.ConfigError(every_model_problems(problems, len(models)))
+    files["__init__.py"] = render.render_package_init(models)
+    if package is not None:
+        files[variants.RECORD] = variants.BuildRecord(package, {m: [] for m in models}, []).text()
+    return render.finish(files)
+
+
+def every_model_problems(problems: Sequence[tuple[str, str]], count: int) -> str:
+    """One message for the bad models of a build of every model: each model, then its problems."""
+    lines = [
+        f"{len(problems)} of {count} models have config problems, so none was built (a build of "
+        "every model is all or nothing); fix them, or build the others one by one with "
+        "omnigen build model=NAME:"
+    ]
+    for name, message in problems:
+        first, *rest = message.splitlines()
+        lines.append(f"  model={name}: {first}")
+        lines += [f"    {line.strip()}" for line in rest]
+    return "\n".join(lines)
+
+
 def build_all(root: Path) -> render.TreeReport:
     """Every model of conf/ into the committed tree, logging each model as it is planned."""
-    models = paths.shipped_model_names()
-
-    def progress(i: int, name: str) -> None:
-        log.info("omnigen: [%d/%d] %s", i + 1, len(models), name)
-
-    report = render.write_tree(root, pipeline.all_files(progress=progress), scope=None)
+    report = render.write_tree(root, every_model_files(progress=_progress), scope=None)
     log_report(report, root)
     return report
 
 
 def build_all_variant(root: Path, package: str) -> render.TreeReport:
     """Every model of conf/ into ``root`` as one variant tree under ``package``."""
-    models = paths.shipped_model_names()
-    record = variants.BuildRecord(package, {m: [] for m in models}, [])
-    files: dict[str, str] = {}
-    for i, name in enumerate(models):
-        log.info("omnigen: [%d/%d] %s", i + 1, len(models), name)
-        files.update(render.model_files(pipeline.model_plan(name).in_package(package)))
-    files["__init__.py"] = render.render_package_init(models)
-    files[variants.RECORD] = record.text()
-    report = render.write_tree(root, render.finish(files), scope=None)
+    report = render.write_tree(root, every_model_files(package, progress=_progress), scope=None)
     log_report(report, root)
     return report
+
+
+def _progress(i: int, name: str) -> None:
+    log.info("omnigen: [%d/%d] %s", i + 1, len(paths.shipped_model_names()), name)
 
 
 def log_report(report: render.TreeReport, root: Path, *, files_level: int = logging.INFO) -> None:

@@ -26,6 +26,25 @@ from omnigen import completion, logs, paths, pipeline, render, shape, variants
 log = logging.getLogger("omnigen")
 
 
+def _prepare_engine_process() -> None:
+    """In a process that ``omnigen run``/``serve`` spawned for an engine (``OMNIGEN_MODELS`` set),
+    register the model's declared classes as this module is imported. On CPU vLLM starts engine
+    cores with ``spawn``; the child imports the parent's main module (this one) and only then
+    unpickles its ``VllmConfig``, whose ``hf_config`` may be a provider's class (vllm-omni's
+    ``Qwen3TTSConfig``). Unpickled first, that class imports vllm-omni as a package (its
+    ``patch.py`` runs) and omnigen's plugin then refuses the process (``ProviderPatchedVllm``)."""
+    import multiprocessing
+
+    # A spawned child is named before it imports this module ("MainProcess" is every other).
+    if multiprocessing.current_process().name != "MainProcess" and os.environ.get("OMNIGEN_MODELS"):
+        from omnigen import models
+
+        models.register_from_env()
+
+
+_prepare_engine_process()
+
+
 def _models_and_groups(formatter: click.HelpFormatter) -> None:
     rows = [("model=NAME", ", ".join(paths.model_names()))]
     rows += [(f"{g}=OPTION", ", ".join(paths.group_options(g))) for g in shape.GROUPS if g != "model"]
@@ -207,10 +226,7 @@ def build(ctx: click.Context, overrides: tuple[str, ...], into_package: bool, **
         else:
             return _build_every_model(parsed, into_package)
     rest = [o.input_line for o in parsed if o.key_or_group != "model"]
-    for name in models:
-        pipeline.check_model_name(
-            name, [o for o in rest if not o.startswith(("out=", "package="))], sweeps_allowed=multirun
-        )
+    _check_models(models, [o for o in rest if not o.startswith(("out=", "package="))], multirun)
     if multirun and not any(o.key_or_group == "out" for o in parsed):
         raise click.UsageError("-m builds one variant per sweep cell: name a folder for them with out=DIR")
     from omnigen import hydra_app
@@ -219,6 +235,29 @@ def build(ctx: click.Context, overrides: tuple[str, ...], into_package: bool, **
     searchpath = pipeline.search_path_override()
     argv = [*_hydra_argv(hydra_flags), *overrides, *searchpath, *logs.quiet_overrides(_quiet(ctx))]
     return hydra_app.run(argv, into_package=into_package)
+
+
+def _check_models(models: list[str], overrides: list[str], multirun: bool) -> None:
+    """Every model named, with the overrides, as a single run checks it, before Hydra runs; in a
+    sweep of several models, every model that refuses them is named with its problems."""
+    problems = []
+    for name in models:
+        try:
+            pipeline.check_model_name(name, overrides, sweeps_allowed=multirun)
+        except pipeline.ConfigError as exc:
+            if len(models) == 1:
+                raise
+            problems.append((name, str(exc)))
+    if problems:
+        lines = [
+            f"{len(problems)} of the {len(models)} models this sweep names refuse its overrides, so "
+            "nothing was built; give a model its own overrides in a run of its own "
+            "(omnigen build -m model=NAME ...):"
+        ]
+        for name, message in problems:
+            first, *more = message.splitlines()
+            lines += [f"  model={name}: {first}", *(f"    {line.strip()}" for line in more)]
+        raise pipeline.ConfigError("\n".join(lines))
 
 
 def _parse(overrides: Sequence[str]):
@@ -288,11 +327,15 @@ def _hydra_shell_completion(overrides: Sequence[str]) -> int:
 @quiet_option
 def check(root: Path | None) -> int:
     """Compare a tree with what conf/ and templates/ generate (never writes)."""
+    from omnigen import building
+
     root = root or paths.generated_dir()
     record = variants.read_record(root)
     if record is None:
-        files = pipeline.all_files()
-        fix = ["fix: omnigen build   (regenerates every model; removes orphaned files)"]
+        files = building.every_model_files()
+        fix = [
+            "fix: omnigen build   (regenerates every model; removes orphaned files; finishes an interrupted build)"
+        ]
         fix_models = set(paths.shipped_model_names())
     else:
         files = _variant_tree(record)
@@ -317,13 +360,29 @@ def check(root: Path | None) -> int:
         click.echo(diff, nl=not diff.endswith("\n"))
         models.add(rel.split("/", 1)[0])
     for rel in report.orphaned:
-        click.echo(f"orphaned: {label}/{rel}")
+        click.echo(
+            f"orphaned: {label}/{rel}   (omnigen wrote it and no longer generates it: a build removes it)"
+        )
+    for rel in report.foreign:
+        click.echo(f"foreign:  {label}/{rel}   (not omnigen's: no build removes or changes it)")
     for rel in report.interrupted:
-        click.echo(f"interrupted build: {label}/{rel} (a build was killed; the next build finishes it)")
-    for line in fix:
-        click.echo(line)
-    for model in sorted(models & fix_models):
-        click.echo(f"     or omnigen build model={model}")
+        then = "finishes that build" if rel == render.PENDING else "removes it"
+        click.echo(
+            f"interrupted build: {label}/{rel} (left by a build that was killed; the next build {then})"
+        )
+    if report.refused is not None:
+        click.echo(f"a build would refuse this folder: {report.refused.problem}")
+        if report.refused.fix:
+            click.echo(f"fix: {report.refused.fix}")
+    elif report.missing or report.stale or report.orphaned or report.interrupted:
+        for line in fix:
+            click.echo(line)
+        for model in sorted(models & fix_models):
+            click.echo(f"     or omnigen build model={model}")
+    if report.foreign:
+        click.echo(
+            f"foreign files: move them out of {shown} yourself, or delete them (omnigen build leaves them where they are)"
+        )
     return 1
 
 

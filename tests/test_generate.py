@@ -25,7 +25,8 @@ def all_files() -> dict[str, str]:
 def test_committed_tree_is_current(all_files):
     report = render.check_tree(paths.generated_dir(), all_files)
     assert report.ok, (
-        f"missing={report.missing} stale={list(report.stale)} orphaned={report.orphaned}; run: omnigen build"
+        f"missing={report.missing} stale={list(report.stale)} orphaned={report.orphaned} "
+        f"foreign={report.foreign} interrupted={report.interrupted} refused={report.refused}; run: omnigen build"
     )
 
 
@@ -157,7 +158,7 @@ def test_a_failed_build_leaves_the_tree_as_it_was(tmp_path):
     assert before == {p: p.read_bytes() for p in out.rglob("*") if p.is_file()}
 
 
-def test_check_reports_missing_stale_and_orphaned_and_never_writes(tmp_path):
+def test_check_reports_missing_stale_and_foreign_and_never_writes(tmp_path):
     tree = tmp_path / "generated"
     subprocess.run([*OMNIGEN, "build", f"out={tree}", "model=qwen3_omni"], check=True, capture_output=True)
     files = pipeline.all_files()
@@ -173,7 +174,12 @@ def test_check_reports_missing_stale_and_orphaned_and_never_writes(tmp_path):
     assert "stale:    generated/qwen3_omni/talker.py" in result.stdout
     assert "+# edit" not in result.stdout and "-# edit" in result.stdout  # a diff, disk -> expected
     assert "missing:  generated/qwen3_tts/code2wav.py" in result.stdout
-    assert "orphaned: generated/qwen3_tts/extra.py" in result.stdout
+    # Someone's file, not omnigen's: foreign (no build removes it), not orphaned.
+    assert (
+        "foreign:  generated/qwen3_tts/extra.py   (not omnigen's: no build removes or changes it)"
+        in result.stdout
+    )
+    assert "orphaned:" not in result.stdout
     assert "omnigen build model=qwen3_omni" in result.stdout
     assert "omnigen build model=qwen3_tts" in result.stdout
     assert snapshot == {p: p.read_bytes() for p in tree.rglob("*") if p.is_file()}

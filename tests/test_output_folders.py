@@ -8,6 +8,7 @@ written. Orphan removal touches only files the manifest lists.
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -191,60 +192,112 @@ def test_check_tells_the_truth_about_damage_and_build_repairs_it(tmp_path, damag
 
 
 KILLED_BUILD = """
-import os, sys, time
+import json, os, sys, time
 from pathlib import Path
 from omnigen import render
 
-root, delay, count = Path(sys.argv[1]), float(sys.argv[2]), int(sys.argv[3])
-# Widen the write window: every staged file and every rename takes ``delay`` seconds.
-real_copy, real_replace = render._temporary_copy, os.replace
-render._temporary_copy = lambda path, text: (time.sleep(delay), real_copy(path, text))[1]
-render.os.replace = lambda src, dst: (time.sleep(delay), real_replace(src, dst))[1]
+root, delay, exchange = Path(sys.argv[1]), float(sys.argv[2]), sys.argv[3] == "exchange"
+new = json.loads(sys.argv[4])
+
+
+def slow(step):
+    return lambda *args: (time.sleep(delay), step(*args))[1]
+
+
+# Widen every step: each file staged or linked, each folder moved, each top-level file replaced.
+for name in ("_write_new", "_link_or_copy", "_temporary_copy", "_rename", "_replace"):
+    setattr(render, name, slow(getattr(render, name)))
+render._exchange = slow(render._exchange if exchange else lambda a, b: False)
 print("start", flush=True)
-render.write_tree(root, {f"m/f{i:02d}.py": f"new {i}\\n" for i in range(count)}, scope=None)
+render.write_tree(root, new, scope=None)
 print("done", flush=True)
 """
 
+OLD_TREE = {
+    "__init__.py": "old init\n",
+    **{f"a/f{i}.py": f"old a{i}\n" for i in range(5)},
+    "a/orphan.py": "removed by the new build\n",
+    **{f"b/g{i}.py": f"old b{i}\n" for i in range(5)},
+}
+NEW_TREE = {
+    "__init__.py": "new init\n",
+    **{f"a/f{i}.py": f"new a{i}\n" for i in range(5)},
+    **{f"b/g{i}.py": f"new b{i}\n" for i in range(5)},
+    "c/h0.py": "a new model\n",
+}
+FOREIGN = {"b/notes.txt": "someone's notes\n"}
 
-def test_a_build_killed_at_any_moment_leaves_the_old_tree_or_one_the_next_build_finishes(tmp_path):
-    """Issue 9, item 3: SIGKILL a build at moments spread over its staging and renaming; each time
-    the folder holds the old tree exactly, the new tree exactly, or a committed build's journal,
-    and the next build leaves exactly what it builds, with no temporary file or journal behind."""
+
+def _part(tree: dict[str, str], top: str) -> dict[str, str]:
+    return {rel: text for rel, text in tree.items() if rel.split("/", 1)[0] == top}
+
+
+@pytest.mark.parametrize("switch", ["exchange", "two_renames"])
+def test_a_build_killed_at_any_moment_leaves_each_folder_old_or_new_and_the_next_build_finishes(
+    tmp_path, switch
+):
+    """Issue 9, item 3, and the issue after it: SIGKILL a build at moments spread over its staging
+    and switching. Each time, each model folder is its old self or its new self, whole (someone's
+    file in it too), never a mix; the top-level files are old or new; a folder is missing only
+    between the two renames of a filesystem without RENAME_EXCHANGE, with its old self complete
+    beside it and the journal committed. The next build leaves exactly what it builds, with
+    nothing staged or set aside and no journal behind."""
+    import json
     import signal
     import time
 
-    count, delay = 12, 0.03
-    old = {f"m/f{i:02d}.py": f"old {i}\n" for i in range(count)}
-    old["m/orphan.py"] = "removed by the new build\n"
-    new = {f"m/f{i:02d}.py": f"new {i}\n" for i in range(count)}
+    delay = 0.02
     script = tmp_path / "killed_build.py"
     script.write_text(KILLED_BUILD)
     out = tmp_path / "out"
+    steps = 2 * len(NEW_TREE) + 12  # about: staged files, links, top-level files, folder moves
     seen = set()
-    window = 2 * count * delay  # staging, then renaming
-    for k in range(10):
-        render.write_tree(out, old, scope=None)
+    kills = 12
+    for k in range(kills):
+        if out.exists():
+            shutil.rmtree(out)
+        render.write_tree(out, OLD_TREE, scope=None)
+        (out / "b" / "notes.txt").write_text(FOREIGN["b/notes.txt"])
         child = subprocess.Popen(
-            [sys.executable, str(script), str(out), str(delay), str(count)],
+            [sys.executable, str(script), str(out), str(delay), switch, json.dumps(NEW_TREE)],
             stdout=subprocess.PIPE,
             text=True,
             env={**os.environ, "PYTHONPATH": str(ROOT)},
         )
         assert child.stdout.readline() == "start\n"
-        time.sleep(window * (k + 0.5) / 10)
+        time.sleep(steps * delay * (k + 0.5) / kills)
         child.send_signal(signal.SIGKILL)
         child.wait()
         tree = {rel: data.decode() for rel, data in _tree(out).items() if rel != render.MANIFEST}
-        leftovers = render.interrupted_build(out)
-        visible = {rel: text for rel, text in tree.items() if rel not in leftovers}
-        if (out / render.PENDING).exists():
-            seen.add("committed")
-            assert all(visible[rel] in (old[rel], new.get(rel)) for rel in visible), visible
-        else:
-            seen.add("not committed" if visible == old else "finished")
-            assert visible in (old, new), visible
-        assert render.check_tree(out, new).interrupted == leftovers
-        render.write_tree(out, new, scope=None)  # the next build
-        assert {rel: d.decode() for rel, d in _tree(out).items() if rel != render.MANIFEST} == new
+        visible = {rel: text for rel, text in tree.items() if not render._is_build_leftover(rel)}
+        committed = (out / render.PENDING).exists()
+        seen.add(
+            "committed"
+            if committed
+            else "finished"
+            if visible == {**NEW_TREE, **FOREIGN}
+            else "not committed"
+        )
+        for top in ("a", "b", "c"):
+            old, new = _part({**OLD_TREE, **FOREIGN}, top), _part({**NEW_TREE, **FOREIGN}, top)
+            here = _part(visible, top)
+            if here == {} and old:
+                assert committed and switch == "two_renames", (top, visible)
+                aside = [rel for rel in render.interrupted_build(out) if rel.startswith(f".{top}.omnigen-")]
+                assert any(
+                    {r.split("/", 1)[1]: t for r, t in tree.items() if r.startswith(a)}
+                    == {r.split("/", 1)[1]: t for r, t in old.items()}
+                    for a in aside
+                ), (top, tree)
+                seen.add("gap")
+            else:
+                assert here in (old, new), (top, here)
+        assert visible["__init__.py"] in (OLD_TREE["__init__.py"], NEW_TREE["__init__.py"])
+        if not committed and visible != {**NEW_TREE, **FOREIGN}:
+            assert visible == {**OLD_TREE, **FOREIGN}, "before its commit point, the build changed nothing"
+        assert render.check_tree(out, NEW_TREE).interrupted == render.interrupted_build(out)
+        render.write_tree(out, NEW_TREE, scope=None)  # the next build
+        after = {rel: d.decode() for rel, d in _tree(out).items() if rel != render.MANIFEST}
+        assert after == {**NEW_TREE, **FOREIGN}
         assert render.interrupted_build(out) == []
     assert {"not committed", "committed"} <= seen, f"the kills missed a phase: {seen}"

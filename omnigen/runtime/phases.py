@@ -21,6 +21,7 @@ import torch
 CONTIGUITY_ERROR = "Non-MTP batched decode preprocessing requires contiguous in-bounds token offsets"
 MTP_OFFSETS_ERROR = "Talker-MTP decode rows require distinct in-bounds token offsets"
 ROW_BOUNDS_ERROR = "Preprocessing requires every row's tokens within the step"
+ROW_OVERLAP_ERROR = "Preprocessing requires rows that share no token"
 
 
 @dataclass(slots=True)
@@ -336,17 +337,36 @@ def check_mtp_offsets(phases: RowPhases, num_tokens: int) -> None:
 
 def check_row_bounds(phases: RowPhases, num_tokens: int) -> None:
     """Raise before any hook runs unless every row's tokens ``start .. end`` lie within the step's
-    ``num_tokens`` (3.5): a row past the end would hand its hook a short slice, and a negative
-    offset another row's tokens. Two comparisons; the message only on failure."""
-    if phases.first_token >= 0 and phases.end_token <= num_tokens:
+    ``num_tokens`` and no two rows share a token (3.5): a row past the end would hand its hook a
+    short slice, a negative offset another row's tokens, and two rows over the same tokens would
+    each be handed the other's and write over them (which write wins would depend on row order).
+    Rows in any order are taken if they share no token (the MTP rows are gathered and scattered
+    by index). Three reads of facts ``read_row_phases`` computed (``disjoint``: by vector
+    operations from ``VECTOR_ROWS`` rows on); the message only on failure."""
+    if phases.first_token >= 0 and phases.end_token <= num_tokens and phases.disjoint:
         return
+    rows = list(enumerate(zip(phases.starts, phases.ends, strict=True)))
     bad = [
         f"{phases.req_ids[row]} (row {row}) at {start}..{end}"
-        for row, (start, end) in enumerate(zip(phases.starts, phases.ends, strict=True))
+        for row, (start, end) in rows
         if start < 0 or end > num_tokens
     ]
+    if bad:
+        raise RuntimeError(
+            f"{ROW_BOUNDS_ERROR}: {', '.join(bad)} for {num_tokens} scheduled tokens; no hook was called"
+        )
+    # Sorted by start, each row against the row before it that reaches furthest.
+    overlaps = []
+    reach: tuple[int, int, int] | None = None
+    for row, (start, end) in sorted(rows, key=lambda r: (r[1][0], r[0])):
+        if reach is not None and start < reach[2]:
+            pair = sorted((reach, (row, start, end)))
+            overlaps.append(" and ".join(f"{phases.req_ids[r]} (row {r}) at {s}..{e}" for r, s, e in pair))
+        if reach is None or end > reach[2]:
+            reach = (row, start, end)
     raise RuntimeError(
-        f"{ROW_BOUNDS_ERROR}: {', '.join(bad)} for {num_tokens} scheduled tokens; no hook was called"
+        f"{ROW_OVERLAP_ERROR}: {'; '.join(overlaps)} for {num_tokens} scheduled tokens "
+        "(two rows over the same tokens); no hook was called"
     )
 
 

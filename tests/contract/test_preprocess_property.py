@@ -227,6 +227,9 @@ def reference(
     for r, off in zip(rows, offsets, strict=True):
         if off < 0 or off + r.span > total:
             raise Failed(Expected(RuntimeError, [phases.ROW_BOUNDS_ERROR, r.req_id]))
+    slots = [t for r, off in zip(rows, offsets, strict=True) for t in range(off, off + r.span)]
+    if len(slots) != len(set(slots)):  # two rows over the same tokens
+        raise Failed(Expected(RuntimeError, [phases.ROW_OVERLAP_ERROR]))
 
     def call(hook: str, req_ids: list[str], *args: Any, **kwargs: Any) -> Any:
         try:
