@@ -60,7 +60,9 @@ class FishSpeechSlowArRunner(OmniRunnerBase, vllm_api.GPUModelRunner):
 
     def _dummy_run(self, num_tokens: int, *args: Any, **kwargs: Any) -> Any:
         """vLLM's dummy run, then the code predictor's at the same size (2.2)."""
-        outputs = super()._dummy_run(num_tokens, *args, **kwargs)
+        # preprocess.hook: the model is warmed up and captured on the embeddings, as it runs (3.3).
+        with vllm_api.dummy_runs_feed_embeddings(self):
+            outputs = super()._dummy_run(num_tokens, *args, **kwargs)
         if vllm_api.is_full_graph_wrapped(self.talker_mtp):
             # mtp.graph=safe: vLLM captures graphs only in its dummy runs (capture_model) and
             # forbids capturing afterwards, so the wrapped predictor runs here at every size

@@ -31,6 +31,14 @@ class Minicpmo45TtsRunner(OmniRunnerBase, vllm_api.GPUModelRunner):
     # Each step publishes every payload key to the scheduler (8.1): a full-payload producer publishes every key: the next stage gets the whole payload.
     PUBLISHED_KEYS = None
 
+    def _dummy_run(self, num_tokens: int, *args: Any, **kwargs: Any) -> Any:
+        """vLLM's dummy run on the embeddings the preprocess hook writes (3.3)."""
+        # preprocess.hook: every step hands the model the embeddings the hook wrote; vLLM's dummy
+        # runs hand it ids only, and torch.compile and the CUDA graphs are made from them and
+        # never re-traced, so the model is warmed up and captured on the embeddings too.
+        with vllm_api.dummy_runs_feed_embeddings(self):
+            return super()._dummy_run(num_tokens, *args, **kwargs)
+
     def _model_forward(
         self,
         input_ids: torch.Tensor | None = None,

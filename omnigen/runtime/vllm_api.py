@@ -244,3 +244,36 @@ def model_sampler_metadata(input_batch: Any) -> Any:
     if history == metadata.output_token_ids:
         return metadata
     return dataclasses.replace(metadata, output_token_ids=history)
+
+
+class _EmbeddingsFedModel:
+    """The runner's model for one dummy run: a call without ``inputs_embeds`` gets the runner's
+    persistent embeddings for as many rows as it has ids; every other attribute is the model's."""
+
+    def __init__(self, model: Any, runner: Any) -> None:
+        self._model = model
+        self._runner = runner
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._model, name)
+
+    def __call__(self, *args: Any, input_ids: Any = None, inputs_embeds: Any = None, **kwargs: Any) -> Any:
+        if inputs_embeds is None and input_ids is not None:
+            inputs_embeds = self._runner.inputs_embeds.gpu[: input_ids.shape[0]]
+        return self._model(*args, input_ids=input_ids, inputs_embeds=inputs_embeds, **kwargs)
+
+
+@contextlib.contextmanager
+def dummy_runs_feed_embeddings(runner: Any) -> Iterator[None]:
+    """Within: ``GPUModelRunner._dummy_run`` calls the model with the runner's persistent
+    ``inputs_embeds`` beside the ids, as a step of a stage with a preprocess hook does (vLLM's
+    dummy run passes ids only to a text model). vLLM compiles the model once, from its warm-up
+    dummy run, without re-checking Dynamo's guards, and captures CUDA graphs from dummy runs:
+    made on ids alone, the compiled model would read the ids and ignore the embeddings the hook
+    writes. vllm-omni's runner passes both in its dummy run for a model with ``has_preprocess``."""
+    model = runner.model
+    runner.model = _EmbeddingsFedModel(model, runner)
+    try:
+        yield
+    finally:
+        runner.model = model
