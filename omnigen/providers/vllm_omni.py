@@ -104,8 +104,8 @@ def vllm_patched() -> bool:
 
 def prepare() -> None:
     """Make vllm-omni's model modules importable in this process without its ``__init__``."""
-    _install_optional_guards()
-    _install_bare_package()
+    install_optional_guards()
+    install_bare_package()
 
 
 def after_import() -> None:
@@ -117,7 +117,8 @@ def after_import() -> None:
         UnspecifiedOmniPlatform.supports_torch_inductor = classmethod(lambda cls: False)  # type: ignore[method-assign]
 
 
-def _install_bare_package() -> None:
+def install_bare_package() -> None:
+    """A bare ``vllm_omni`` package module (its submodules import, its ``__init__`` never runs)."""
     existing = sys.modules.get("vllm_omni")
     if existing is not None:
         if getattr(existing, "__omnigen_bare__", False):
@@ -140,7 +141,8 @@ def _install_bare_package() -> None:
     sys.modules["vllm_omni"] = module
 
 
-def _install_optional_guards() -> None:
+def install_optional_guards() -> None:
+    """Guards for the optional modules that are not installed (see the module docstring)."""
     # transformers records at import which optional packages exist: let it see this
     # environment's truth before a guard exists, or it takes them for installed.
     import transformers.utils.import_utils  # noqa: F401

@@ -33,7 +33,6 @@ import json
 import os
 import sys
 import traceback
-import types
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, ClassVar
@@ -127,100 +126,25 @@ def side_environment(side: str) -> dict[str, str]:
     }
 
 
-class _Missing:
-    """An attribute of a stand-in module: attributes chain, calling raises."""
-
-    def __init__(self, name: str) -> None:
-        self._name = name
-
-    def __getattr__(self, name: str) -> Any:
-        if name.startswith("__"):
-            raise AttributeError(name)
-        return _Missing(f"{self._name}.{name}")
-
-    def __call__(self, *_args: Any, **_kwargs: Any) -> Any:
-        raise RuntimeError(
-            f"{self._name}: a test stand-in (the real package is not installed in this environment)"
-        )
-
-    def __repr__(self) -> str:
-        return f"<stand-in {self._name}>"
-
-
-class _RaisingModule(types.ModuleType):
-    """A stand-in for a missing optional module: importing works, every use raises."""
-
-    def __getattr__(self, name: str) -> Any:
-        if name.startswith("__"):
-            raise AttributeError(name)
-        return _Missing(f"{self.__name__}.{name}")
-
-
-STANDIN_MODULES = (
-    "torchaudio",
-    "torchaudio.functional",
-    "torchaudio.transforms",
-    "torchaudio.compliance",
-    "torchaudio.compliance.kaldi",
-    "torchvision",
-    "torchvision.transforms",
-    "torchvision.transforms.v2",
-    "torchvision.transforms.v2.functional",
-    "torchvision.transforms.functional",
-    "torchvision.io",
-    "torchvision.ops",
-)
-
-
 def install_standins() -> list[str]:
     """``torchaudio`` and ``torchvision`` are not in omnigen's CPU lock (their index builds are
     CUDA builds); vllm-omni imports torchaudio at module level (vllm_omni/utils/audio.py:8, via
     Qwen3-TTS's prompt builder), and vLLM's qwen2_vl imports torchvision through transformers'
-    image processor (via Qwen3-Omni). Installs stand-ins for the missing ones, which import but
-    raise when anything in them is called; returns their names."""
-    # transformers records at import which optional packages exist (and their versions): let it
-    # see the real environment before any stand-in exists, or it takes them for installed.
-    import transformers.utils.import_utils  # noqa: F401
+    image processor (via Qwen3-Omni). The product's guards stand in for the missing ones (import
+    works, any use raises); returns their names."""
+    from omnigen.providers import vllm_omni
 
-    installed: list[str] = []
-    for name in STANDIN_MODULES:
-        root = name.split(".")[0]
-        if name in sys.modules or (root not in installed and importlib.util.find_spec(root) is not None):
-            continue
-        module = _RaisingModule(name)
-        module.__path__ = []  # a package, so submodule imports resolve to the stand-ins
-        module.__spec__ = importlib.machinery.ModuleSpec(name, None, is_package=True)
-        sys.modules[name] = module
-        parent, _, child = name.rpartition(".")
-        if parent:
-            setattr(sys.modules[parent], child, module)
-        installed.append(name)
-    return installed
+    vllm_omni.install_optional_guards()
+    return vllm_omni.guarded_modules()
 
 
 def install_bare_vllm_omni() -> None:
-    """Make ``vllm_omni.*`` submodules importable without running ``vllm_omni/__init__.py``.
+    """Make ``vllm_omni.*`` submodules importable without running ``vllm_omni/__init__.py``,
+    whose ``patch.py`` swaps vLLM's request classes in every loaded ``vllm*`` module: the omnigen
+    side runs on unpatched vLLM, as omnigen's own processes do (the product's provider)."""
+    from omnigen.providers import vllm_omni
 
-    ``vllm_omni/__init__.py`` imports ``vllm_omni.patch``, which swaps vLLM's ``Request``,
-    ``EngineCoreRequest``, ``EngineCoreOutput(s)``, ``TokensPrompt``, ``MRotaryEmbedding`` and
-    ``StreamingUpdate`` in every loaded ``vllm*`` module (patch.py:359-376) and patches
-    ``ModelConfig.is_mm_prefix_lm``; the omnigen side must run on unpatched vLLM.
-    """
-    existing = sys.modules.get("vllm_omni")
-    if existing is not None:
-        if getattr(existing, "__omnigen_bare__", False):
-            return
-        raise RuntimeError("vllm_omni was already imported as a package (its patch.py has run)")
-    spec = importlib.util.find_spec("vllm_omni")
-    if spec is None or not spec.submodule_search_locations:
-        raise RuntimeError("vllm-omni is not installed")
-    module = types.ModuleType("vllm_omni")
-    module.__path__ = list(spec.submodule_search_locations)
-    module.__file__ = spec.origin
-    module.__spec__ = importlib.machinery.ModuleSpec("vllm_omni", None, is_package=True)
-    module.__spec__.submodule_search_locations = module.__path__
-    module.__omnigen_bare__ = True  # type: ignore[attr-defined]
-    sys.modules["vllm_omni"] = module
+    vllm_omni.install_bare_package()
 
 
 def vllm_patched() -> bool:
