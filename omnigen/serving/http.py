@@ -132,6 +132,7 @@ def make_app(
         return Response(json.dumps({"detail": detail}), status_code=422, media_type="application/json")
 
     def dead_stage() -> HTTPException | None:
+        _look_at_engines(pipeline, health, metrics, on_engine_death)
         if not health.dead:
             return None
         stage, reason = next(iter(health.dead.items()))
@@ -220,6 +221,7 @@ def make_app(
 
     @app.get("/health")
     async def health_route() -> Response:
+        _look_at_engines(pipeline, health, metrics, on_engine_death)
         if health.dead:
             stage, reason = next(iter(health.dead.items()))
             body = {"status": "dead", "stage": stage, "reason": reason}
@@ -262,20 +264,30 @@ async def _watch_engines(
     metrics: ServerMetrics,
     on_death: Callable[[str, str], None] | None,
 ) -> None:
-    """Look at every stage's engine twice a second; the first dead one is reported once."""
+    """Look at every stage's engine twice a second (``/health`` and each request look too)."""
     while True:
-        for runtime in pipeline.stages:
-            engine = runtime.engine
-            stage = runtime.plan.stage
-            if engine is None or stage in health.dead or not getattr(engine, "errored", False):
-                continue
-            reason = _reason(getattr(engine, "dead_error", None)) or "its engine core stopped"
-            health.dead[stage] = reason
-            metrics.engine_deaths.labels(stage).inc()
-            log.error("stage %r: engine dead (%s); answering 503 from now on", stage, reason)
-            if on_death is not None:
-                on_death(stage, reason)
+        _look_at_engines(pipeline, health, metrics, on_death)
         await asyncio.sleep(ENGINE_WATCH_S)
+
+
+def _look_at_engines(
+    pipeline: Pipeline,
+    health: ServerState,
+    metrics: ServerMetrics,
+    on_death: Callable[[str, str], None] | None,
+) -> None:
+    """Record each stage whose engine is dead (once): 503 from then on, and ``on_death``."""
+    for runtime in pipeline.stages:
+        engine = runtime.engine
+        stage = runtime.plan.stage
+        if engine is None or stage in health.dead or not getattr(engine, "errored", False):
+            continue
+        reason = _reason(getattr(engine, "dead_error", None)) or "its engine core stopped"
+        health.dead[stage] = reason
+        metrics.engine_deaths.labels(stage).inc()
+        log.error("stage %r: engine dead (%s); answering 503 from now on", stage, reason)
+        if on_death is not None:
+            on_death(stage, reason)
 
 
 def _reason(error: Any) -> str:
@@ -335,6 +347,8 @@ async def _stage_states(pipeline: Pipeline) -> dict[str, Any]:
     }
 
 
+ENGINE_DEATH_GRACE_S = 2.0
+"""How long a server whose engine died keeps answering (503) before it stops."""
 ENGINE_DEATH_EXIT = 70
 """``omnigen serve``'s exit status when a stage's engine died (EX_SOFTWARE): a supervisor
 (systemd, Kubernetes) restarts the whole server, which starts every engine again."""
@@ -358,7 +372,7 @@ def serve(pipeline: Pipeline, settings: Settings) -> int:
         exit_status = ENGINE_DEATH_EXIT
         if server is not None:
             # A moment for in-flight requests to get their 503, then stop.
-            asyncio.get_running_loop().call_later(1.0, setattr, server, "should_exit", True)
+            asyncio.get_running_loop().call_later(ENGINE_DEATH_GRACE_S, setattr, server, "should_exit", True)
 
     config = uvicorn.Config(
         make_app(pipeline, settings, on_engine_death=on_engine_death),
