@@ -54,6 +54,8 @@ def server(tmp_path_factory):
         "model=omnigen_tiny",
         "serve=omnigen_tiny",
         f"serve.port={port}",
+        # Room for the long requests of the disconnect test: 100 talker tokens are 400 codes.
+        "serve.stage_engine.code2wav.max_model_len=512",
     ]
     with log.open("w") as out:
         process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=env)
@@ -148,9 +150,8 @@ def test_a_client_that_disconnects_leaves_no_state(server):
     before = segments(process.pid)
     for _ in range(3):
         with pytest.raises(httpx.TimeoutException):
-            # 31 talker tokens (the most code2wav's context takes) take well over 50 ms: the
-            # client gives up mid-request.
-            httpx.post(f"{base}/v1/audio/speech", json={"input": "long", "max_tokens": 31}, timeout=0.05)
+            # 100 talker tokens take well over 50 ms: the client gives up mid-request.
+            httpx.post(f"{base}/v1/audio/speech", json={"input": "long", "max_tokens": 100}, timeout=0.05)
     time.sleep(1.0)  # the server notices within its poll interval and aborts in every stage
     assert log.read_text().count("client went away: aborted in every stage") == aborted_before + 3
     # vLLM tells a worker what finished or was aborted with the next step's batch: one more request.
