@@ -367,6 +367,17 @@ def _checkpoint_spec(checkpoint: Any, stages: tuple[StageSpec, ...], findings: _
                 f"checkpoint.extra_classes.{arch}",
                 f"{path!r} is not a dotted path; write package.module.Class",
             )
+    if checkpoint.provider is not None and not re.fullmatch(
+        r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}", checkpoint.provider
+    ):
+        findings.add(
+            "checkpoint.provider",
+            f"{checkpoint.provider!r} is not a distribution name (letters, digits, . _ -), e.g. vllm-omni",
+        )
+    for name in ("install", "model_type"):
+        value = getattr(checkpoint, name)
+        if value is not None and (not value.strip() or len(value) > 200 or any(c in value for c in "\n\r\0")):
+            findings.add(f"checkpoint.{name}", f"{value!r} must be one line of at most 200 characters")
     if (checkpoint.config_class is None) != (checkpoint.model_type is None):
         findings.add(
             "checkpoint.model_type",

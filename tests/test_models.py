@@ -103,3 +103,12 @@ def test_config_class_and_model_type_go_together():
         api.model_plan("qwen3_tts", ["model.checkpoint.model_type=null"])
     with pytest.raises(ConfigError, match="is not a dotted path"):
         api.model_plan("qwen3_tts", ["model.stages.code2wav.model_class='not a path'"])
+
+
+def test_checkpoint_strings_that_would_break_the_generated_package_are_refused():
+    from omnigen.pipeline import ConfigError
+
+    with pytest.raises(ConfigError, match="checkpoint.provider: 'two lines' is not a distribution name"):
+        api.model_plan("fish_speech", ["model.checkpoint.provider='two lines'"])
+    with pytest.raises(ConfigError, match="checkpoint.install: .* must be one line"):
+        api.model_plan("fish_speech", ["model.checkpoint.install=' '"])
