@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import io
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -33,18 +34,18 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory):
+def start_server(log: Path, overrides: list[str], env: dict[str, str] | None = None, deadline_s: float = 420):
+    """``omnigen serve model=omnigen_tiny`` on a free loopback port, in a session of its own (a
+    server that never comes up is killed with its engine cores); returns (base URL, process)."""
     import httpx
 
     port = free_port()
-    log = tmp_path_factory.mktemp("serve") / "server.log"
-    env = {
+    environment = {
         # No VLLM_USE_V2_MODEL_RUNNER: the generated worker and scheduler choose the V1 runner.
         **{k: v for k, v in os.environ.items() if k != "VLLM_USE_V2_MODEL_RUNNER"},
         "VLLM_CPU_KVCACHE_SPACE": "1",
-        "VLLM_PLUGINS": "omnigen",
         "PYTHONPATH": str(REPO_ROOT),
+        **(env or {}),
     }
     command = [
         sys.executable,
@@ -52,33 +53,48 @@ def server(tmp_path_factory):
         "omnigen.cli",
         "serve",
         "model=omnigen_tiny",
-        "serve=omnigen_tiny",
         f"serve.port={port}",
-        # Room for the long requests of the disconnect test: 100 talker tokens are 400 codes.
-        "serve.stage_engine.code2wav.max_model_len=512",
+        *overrides,
     ]
     with log.open("w") as out:
-        process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=env)
+        process = subprocess.Popen(
+            command, stdout=out, stderr=subprocess.STDOUT, env=environment, start_new_session=True
+        )
     base = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 240
+    deadline = time.monotonic() + deadline_s  # two engines start in turn; a loaded machine takes minutes
     while time.monotonic() < deadline:
         if process.poll() is not None:
             pytest.fail(f"omnigen serve exited {process.returncode}:\n{log.read_text()[-4000:]}")
         try:
             if httpx.get(f"{base}/health", timeout=1).status_code == 200:
-                break
+                return base, process
         except httpx.HTTPError:
             time.sleep(1)
-    else:
-        process.kill()
-        pytest.fail(f"omnigen serve did not come up:\n{log.read_text()[-4000:]}")
-    yield base, log, process
-    if process.poll() is None:  # the last test stops it; this is for a run that skipped it
+    os.killpg(process.pid, signal.SIGKILL)
+    pytest.fail(f"omnigen serve did not come up:\n{log.read_text()[-4000:]}")
+
+
+def stop_server(process: subprocess.Popen) -> None:
+    """For a run that skipped the test that stops it: SIGTERM, then the whole session killed."""
+    if process.poll() is None:
         process.terminate()
         try:
             process.wait(120)  # the server shuts each stage's engine down (about 15 s each)
         except subprocess.TimeoutExpired:
-            process.kill()
+            os.killpg(process.pid, signal.SIGKILL)
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    log = tmp_path_factory.mktemp("serve") / "server.log"
+    # Room for the long requests of the disconnect test: 100 talker tokens are 400 codes.
+    base, process = start_server(
+        log,
+        ["serve=omnigen_tiny", "serve.stage_engine.code2wav.max_model_len=512"],
+        {"VLLM_PLUGINS": "omnigen"},
+    )
+    yield base, log, process
+    stop_server(process)
 
 
 def samples_of(wav: bytes) -> int:

@@ -14,16 +14,13 @@ import asyncio
 import json
 import os
 import signal
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tests.e2e.test_serve import REPO_ROOT, free_port
+from tests.e2e.test_serve import start_server, stop_server
 
 pytestmark = pytest.mark.e2e
 
@@ -33,45 +30,11 @@ AUTH = {"authorization": f"Bearer {KEY}"}
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    import httpx
-
-    port = free_port()
     log = tmp_path_factory.mktemp("guards") / "server.log"
-    env = {
-        **{k: v for k, v in os.environ.items() if k != "VLLM_USE_V2_MODEL_RUNNER"},
-        "VLLM_CPU_KVCACHE_SPACE": "1",
-        "PYTHONPATH": str(REPO_ROOT),
-        "OMNIGEN_API_KEY": KEY,
-    }
-    command = [
-        sys.executable, "-m", "omnigen.cli", "serve", "model=omnigen_tiny", f"serve.port={port}",
-        "serve.max_concurrent_requests=2", "serve.max_queued_requests=2", "serve.max_body_bytes=65536",
-    ]  # fmt: skip
-    with log.open("w") as out:
-        # A session of its own: a server that never came up is killed with its engine cores.
-        process = subprocess.Popen(
-            command, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True
-        )
-    base = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 420  # two engines start in turn; a loaded machine takes minutes
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            pytest.fail(f"omnigen serve exited {process.returncode}:\n{log.read_text()[-4000:]}")
-        try:
-            if httpx.get(f"{base}/health", timeout=1).status_code == 200:
-                break
-        except httpx.HTTPError:
-            time.sleep(1)
-    else:
-        os.killpg(process.pid, signal.SIGKILL)
-        pytest.fail(f"omnigen serve did not come up:\n{log.read_text()[-4000:]}")
+    limits = ["serve.max_concurrent_requests=2", "serve.max_queued_requests=2", "serve.max_body_bytes=65536"]
+    base, process = start_server(log, limits, {"OMNIGEN_API_KEY": KEY})
     yield base, log, process
-    if process.poll() is None:
-        process.terminate()
-        try:
-            process.wait(120)
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
+    stop_server(process)
 
 
 def _post(base: str, body: object, headers: dict | None = None, raw: bytes | None = None):
