@@ -7,14 +7,28 @@ batching, ...) straight from the configs: compose, plan, render in memory, load.
 from __future__ import annotations
 
 import hashlib
+import importlib
+import importlib.abc
+import importlib.machinery
 import sys
 import types
 from collections.abc import Sequence
+from typing import Any
 
 from omnigen import pipeline
 from omnigen.plan import ModelPlan, StagePlan
 
-__all__ = ["model_plan", "runner_class", "stage_plan", "stage_source", "worker_class", "worker_cls_name"]
+__all__ = [
+    "model_plan",
+    "model_state_class",
+    "runner_class",
+    "runner_v2_class",
+    "stage_plan",
+    "stage_source",
+    "stage_v2_source",
+    "worker_class",
+    "worker_cls_name",
+]
 
 _modules: dict[tuple[str, str, tuple[str, ...]], types.ModuleType] = {}
 
@@ -35,6 +49,26 @@ def stage_source(model: str, stage: str, overrides: Sequence[str] = ()) -> str:
     return files[f"{model}/{stage}.py"]
 
 
+def stage_v2_source(model: str, stage: str, overrides: Sequence[str] = ()) -> str:
+    """The stage's Model Runner V2 target module source exactly as ``omnigen build`` writes it."""
+    plan = model_plan(model, overrides)
+    plan.stage(stage)
+    files = pipeline.model_files(plan, tuple(overrides))
+    return files[f"{model}/{stage}_v2.py"]
+
+
+def _load(name: str, label: str, source: str) -> types.ModuleType:
+    module = types.ModuleType(name)
+    module.__file__ = label
+    sys.modules[name] = module
+    try:
+        exec(compile(source, module.__file__, "exec"), module.__dict__)
+    except BaseException:
+        del sys.modules[name]
+        raise
+    return module
+
+
 def _module(model: str, stage: str, overrides: Sequence[str]) -> types.ModuleType:
     key = (model, stage, tuple(overrides))
     module = _modules.get(key)
@@ -43,22 +77,74 @@ def _module(model: str, stage: str, overrides: Sequence[str]) -> types.ModuleTyp
     source = stage_source(model, stage, overrides)
     digest = hashlib.sha256("\0".join(key[2]).encode()).hexdigest()[:12]
     name = f"omnigen._variants.{model}.{stage}_{digest}"
-    module = types.ModuleType(name)
-    module.__file__ = f"<omnigen {model}.{stage} {' '.join(overrides)}>"
-    sys.modules[name] = module
-    try:
-        exec(compile(source, module.__file__, "exec"), module.__dict__)
-    except BaseException:
-        del sys.modules[name]
-        raise
+    label = f"<omnigen {model}.{stage} {' '.join(overrides)}>"
+    module = _load(name, label, source)
+    # The variant's V2 target is its worker module's `_v2` sibling, made when first imported
+    # (its parents exist as empty packages, so the import system reaches the finder below).
+    _V2Finder.pending[f"{name}_v2"] = (model, stage, tuple(overrides), label)
+    parent = name
+    while "." in parent:
+        parent = parent.rsplit(".", 1)[0]
+        if parent not in sys.modules:
+            package = types.ModuleType(parent)
+            package.__path__ = []
+            sys.modules[parent] = package
     _modules[key] = module
     return module
+
+
+def _v2_module(model: str, stage: str, overrides: Sequence[str]) -> types.ModuleType:
+    name = f"{_module(model, stage, overrides).__name__}_v2"
+    module = sys.modules.get(name)
+    if module is None:
+        module = importlib.import_module(name)
+    return module
+
+
+class _V2Finder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    """Imports a variant's ``<stage>_v2`` module (rendered in memory) by name, as the variant's
+    worker does when it builds the V2 target."""
+
+    pending: dict[str, tuple[str, str, tuple[str, ...], str]] = {}
+
+    def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> Any:
+        if fullname not in self.pending:
+            return None
+        return importlib.machinery.ModuleSpec(fullname, self)
+
+    def create_module(self, spec: Any) -> None:
+        return None
+
+    def exec_module(self, module: types.ModuleType) -> None:
+        model, stage, overrides, label = self.pending[module.__name__]
+        module.__file__ = label.replace(">", " (V2 target)>")
+        source = stage_v2_source(model, stage, overrides)
+        exec(compile(source, module.__file__, "exec"), module.__dict__)
+
+
+sys.meta_path.append(_V2Finder())
 
 
 def runner_class(model: str, stage: str, overrides: Sequence[str] = ()) -> type:
     """The generated runner class of ``model``'s ``stage`` under ``overrides`` (Hydra syntax)."""
     plan = stage_plan(model, stage, overrides)
     return getattr(_module(model, stage, overrides), plan.runner_class)
+
+
+def runner_v2_class(model: str, stage: str, overrides: Sequence[str] = ()) -> type:
+    """The stage's generated Model Runner V2 runner class under ``overrides`` (imports vLLM's V2)."""
+    plan = stage_plan(model, stage, overrides)
+    assert plan.v2 is not None
+    if not overrides:
+        return getattr(importlib.import_module(plan.v2_module), plan.v2.runner_class)
+    return getattr(_v2_module(model, stage, overrides), plan.v2.runner_class)
+
+
+def model_state_class(model: str, stage: str, overrides: Sequence[str] = ()) -> type:
+    """The stage's generated Model Runner V2 model state class under ``overrides``."""
+    plan = stage_plan(model, stage, overrides)
+    assert plan.v2 is not None
+    return runner_v2_class(model, stage, overrides).MODEL_STATE
 
 
 def worker_class(model: str, stage: str, overrides: Sequence[str] = ()) -> type:

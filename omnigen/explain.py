@@ -72,6 +72,30 @@ def explain_text(plan: ModelPlan, *, columns: int | None = None) -> str:
         ),
         "",
         *_wrapped(
+            "Model Runner V2 targets (<stage>_v2.py, beside each V1 runner; the worker builds one where "
+            "vllm_api.runner_target says V2: vLLM without its V1 runner, or vLLM that chose V2 and has "
+            "every seam the target uses):",
+            columns,
+        ),
+        table(
+            ["stage", "model state", "V2 runner", "state hooks", "full graphs", "jit warm-up", "rope"],
+            [
+                [
+                    s.stage,
+                    s.v2.state_class,
+                    s.v2.runner_class,
+                    " ".join(s.v2.state_hooks),
+                    s.v2.full_graph,
+                    "on" if s.v2.jit_warmup else "off",
+                    s.v2.rope_state,
+                ]
+                for s in plan.stages
+                if s.v2 is not None
+            ],
+            columns=columns,
+        ),
+        "",
+        *_wrapped(
             "Stage graph (each edge: the glue function that makes the next request, the payload's transport):",
             columns,
         ),
@@ -99,8 +123,16 @@ def explain_text(plan: ModelPlan, *, columns: int | None = None) -> str:
             whole=2,
         ),
         "",
-        "Contract clauses per stage:",
-        table(["stage", "clauses"], [[s.stage, " ".join(s.clauses)] for s in plan.stages], columns=columns),
+        *_wrapped(
+            "Contract clauses per stage (each target carries every clause of its stage: V1 on the runner's "
+            "methods, V2 on the seams docs/model-runner-v2.md maps them to):",
+            columns,
+        ),
+        table(
+            ["stage", "target", "clauses"],
+            [[s.stage, target, " ".join(s.clauses)] for s in plan.stages for target in ("v1", "v2")],
+            columns=columns,
+        ),
         "",
         *_wrapped("Clause legend: " + "; ".join(f"{k} {v}" for k, v in CLAUSES.items()), columns),
     ]
@@ -115,6 +147,17 @@ def _wrapped(text: str, columns: int | None) -> list[str]:
 def explain_json(plan: ModelPlan) -> str:
     data = plan.as_dict()
     data["package"] = plan.package
+    for stage in plan.stages:
+        data["stages"][stage.stage]["targets"] = {
+            "v1": {"module": stage.module, "runner_class": stage.runner_class},
+            "v2": {
+                "module": stage.v2_module,
+                "state_class": stage.v2.state_class,
+                "runner_class": stage.v2.runner_class,
+            }
+            if stage.v2
+            else None,
+        }
     data["stage_graph"] = _stage_graph(plan)
     return json.dumps(data, indent=2, default=str)
 

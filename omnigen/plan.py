@@ -15,7 +15,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from omnigen.schema import DecodeBatch, Device, MTPGraph, PerRowGenerators
-from omnigen.spec import BuildSpec, CheckpointSpec, ModelSpec, PostprocessSpec, StageSpec, resolve_mtp_graph
+from omnigen.spec import (
+    BuildSpec,
+    CheckpointSpec,
+    ModelSpec,
+    PostprocessSpec,
+    StageSpec,
+    StreamSpec,
+    resolve_mtp_graph,
+)
 
 # Contract clauses (CONTRACT.md section numbers) and what each covers.
 CLAUSES: dict[str, str] = {
@@ -87,6 +95,41 @@ class MTPPlan:
     sampling_defaults: dict[str, Any] | None
 
 
+@dataclass(frozen=True)
+class V2Plan:
+    """The stage's Model Runner V2 target (``<stage>_v2.py``), generated beside its V1 runner from
+    the same config; the worker builds it where ``vllm_api.runner_target`` says V2
+    (docs/model-runner-v2.md)."""
+
+    state_class: str
+    """``<Stage>ModelState``: the stage's V2 ``ModelState`` (the omni state and the hook bodies)."""
+    runner_class: str
+    """``<Stage>RunnerV2``: the V2 runner that builds the state (finished requests, payloads)."""
+    full_graph: str
+    """``kept`` or ``narrowed``: a forward that returns its payload itself cannot replay a full
+    CUDA graph on V2 (it replays the hidden states only), so its worker narrows the mode."""
+    jit_warmup: bool
+    """Whether V2's warm-up may drive real steps with synthetic requests (no stage payload)."""
+    rope_state: str
+    """``default`` (vLLM's), ``text_only`` (7.6) or ``filtered_kwargs`` (3.7)."""
+    state_hooks: tuple[str, ...]
+    """The vLLM ``ModelState`` hooks the target implements for this stage."""
+    runner_overrides: tuple[str, ...]
+    """The V2 ``GPUModelRunner`` methods the target's runner overrides."""
+
+    def as_dict(self, module: str) -> dict[str, Any]:
+        return {
+            "module": module,
+            "state_class": self.state_class,
+            "runner_class": self.runner_class,
+            "state_hooks": list(self.state_hooks),
+            "runner_overrides": list(self.runner_overrides),
+            "full_graph": self.full_graph,
+            "jit_warmup": self.jit_warmup,
+            "rope_state": self.rope_state,
+        }
+
+
 SCHEDULER_CLS = "omnigen.runtime.scheduler.OmniScheduler"
 """vLLM's ``scheduler_cls`` for every omnigen stage: vLLM's scheduler with the output channel
 (8.1). ``OmniAsyncScheduler`` beside it for asynchronous scheduling."""
@@ -152,6 +195,10 @@ class StagePlan:
     decisions: tuple[Decision, ...] = field(default=())
     model_class: str | None = None
     """The class vLLM builds for ``arch`` (registered wherever the model is served), or None."""
+    v2: V2Plan | None = None
+    """The stage's Model Runner V2 target (always set by the planner)."""
+    stream: StreamSpec | None = None
+    """How the edge to the next stage streams (None: the next stage gets the full payload)."""
 
     @property
     def is_generation(self) -> bool:
@@ -209,11 +256,20 @@ class StagePlan:
             ],
             "model_config": dict(self.model_config_fields),
             "text_config": self.text_config_name,
+            "v2_state_hooks": list(self.v2.state_hooks) if self.v2 else None,
+            "v2_full_graph": self.v2.full_graph if self.v2 else None,
+            "v2_jit_warmup": self.v2.jit_warmup if self.v2 else None,
+            "v2_rope_state": self.v2.rope_state if self.v2 else None,
         }
 
     @property
     def worker_cls(self) -> str:
         return f"{self.module}.{self.worker_class}"
+
+    @property
+    def v2_module(self) -> str:
+        """The module of the stage's V2 target (beside the V1 module, imported only when chosen)."""
+        return f"{self.module}_v2"
 
     @property
     def serve_command(self) -> str:
@@ -281,6 +337,7 @@ class ModelPlan:
                     "serve": s.serve_command,
                     "capabilities": s.capabilities(),
                     "contract_clauses": list(s.clauses),
+                    "v2": s.v2.as_dict(s.v2_module) if s.v2 else None,
                     "decisions": {d.name: d.as_dict() for d in s.decisions},
                 }
                 for s in self.stages
@@ -458,8 +515,11 @@ def _plan_stage(
     )
 
     published = _decide_publishing(stage, accumulates, feeds_input_function, decide, key)
+    _decide_streaming(stage, accumulates, decide, key)
     _decide_step_outputs(stage, decide, key)
     model_config_fields = _decide_model_config(model, stage, decide, key)
+
+    v2_plan = _decide_v2(stage, prefix, mtp_plan, decide, key)
 
     clauses = ["1.1", "1.3", "4.1", "4.2", "4.4", "4.5", "5.2", "6", "7.2", "7.8"]
     if stage.postprocess is not None:
@@ -566,6 +626,129 @@ def _plan_stage(
         devices=stage.devices,
         decisions=tuple(decisions),
         model_class=stage.model_class,
+        v2=v2_plan,
+        stream=stage.stream,
+    )
+
+
+def _decide_streaming(stage: StageSpec, accumulates: bool, decide: Any, key: str) -> None:
+    """Whether the edge to the next stage streams (windows decoded while this stage runs)."""
+    if not stage.producer:
+        return
+    stream = stage.stream
+    if stream is None:
+        decide(
+            "stream",
+            False,
+            "the next stage starts when this one finishes, from its full payload",
+            f"{key}.stream.enabled",
+        )
+        return
+    if not accumulates:
+        # async_chunk: vllm-omni's own connector hands the chunks over; the stage publishes none.
+        decide(
+            "stream",
+            False,
+            "async_chunk=true: the stage accumulates nothing for omnigen's windows to read",
+            "async_chunk",
+            f"{key}.stream.enabled",
+        )
+        return
+    ramp = f", then {list(stream.ramp)}" if stream.ramp else ""
+    decide(
+        "stream",
+        {
+            "window": stream.window,
+            "initial_chunk_frames": stream.initial_chunk_frames,
+            "ramp": list(stream.ramp),
+            "chunk_frames": stream.chunk_frames,
+            "left_context_frames": stream.left_context_frames,
+        },
+        f"windows of {stream.initial_chunk_frames}{ramp}, then {stream.chunk_frames} frames, each "
+        f"decoded with {stream.left_context_frames} frames before it, while this stage runs "
+        f"({stream.window})",
+        f"{key}.stream",
+    )
+
+
+def _decide_v2(stage: StageSpec, prefix: str, mtp: MTPPlan | None, decide: Any, key: str) -> V2Plan:
+    """The stage's Model Runner V2 target: the decisions only V2 needs (docs/model-runner-v2.md)."""
+    decide(
+        "v2.target",
+        "the V1 runner, or the V2 target where vllm_api.runner_target says V2",
+        "decided when the stage is served, from vLLM's features (never its version): V2 where vLLM has "
+        "no V1 runner, or chose V2 and has every seam the target uses (vllm_api.V2_SEAMS); else V1",
+    )
+    assembles_payload = stage.multimodal_outputs and not stage.make_omni_output
+    full_graph = "narrowed" if assembles_payload else "kept"
+    decide(
+        "v2.full_graph",
+        full_graph,
+        "the forward returns the step's payload itself, and V2 replays only the hidden states of a full "
+        "CUDA graph: the worker narrows the model's graph mode (FULL_AND_PIECEWISE to PIECEWISE, FULL to NONE)"
+        if assembles_payload
+        else (
+            "make_omni_output assembles the payload from the replayed hidden states after the forward"
+            if stage.make_omni_output
+            else "the forward returns hidden states only: vLLM's graph mode is kept"
+        ),
+        f"{key}.outputs.multimodal",
+        f"{key}.outputs.make_omni_output",
+    )
+    reads_payloads = [
+        name
+        for name, on in (
+            ("a preprocess hook", stage.preprocess_hook),
+            ("a post-forward hook", stage.postprocess is not None),
+            ("a generation forward", stage.kind.value == "generation"),
+            ("decode-step metadata", stage.decode_step_metadata),
+            ("make_omni_output", stage.make_omni_output),
+            ("a multimodal forward", stage.multimodal_outputs),
+        )
+        if on
+    ]
+    jit_warmup = not reads_payloads
+    decide(
+        "v2.jit_warmup",
+        jit_warmup,
+        "vLLM's warm-up may drive real steps with its synthetic requests: nothing of the stage reads a payload"
+        if jit_warmup
+        else f"off: V2's warm-up would run {', '.join(reads_payloads)} on synthetic requests that carry no "
+        "stage payload; the first real step compiles V2's kernels instead",
+        f"{key}.preprocess.hook",
+        f"{key}.postprocess.hook",
+        f"{key}.kind",
+    )
+    if stage.mrope_fallback:
+        rope_state, rope_reason = "text_only", "positions.mrope_fallback: text-only M-RoPE positions (7.6)"
+    elif stage.mrope:
+        rope_state, rope_reason = (
+            "filtered_kwargs",
+            "positions.mrope: get_mrope_input_positions gets only the keyword arguments it accepts (3.7)",
+        )
+    else:
+        rope_state, rope_reason = "default", "vLLM's rope state (an M-RoPE checkpoint gets vLLM's positions)"
+    decide(
+        "v2.rope_state", rope_state, rope_reason, f"{key}.positions.mrope", f"{key}.positions.mrope_fallback"
+    )
+    hooks = ["add_request", "preprocess_state", "prepare_inputs"]
+    if stage.preprocess_hook:
+        hooks.append("prepare_inputs_embeds")
+    if mtp is not None and mtp.graph == "safe":
+        hooks.append("capture_inner_cudagraphs")
+    if stage.model_sampler:
+        hooks.append("custom_sampler")
+    overrides = ["load_model", "finish_requests", "update_requests", "execute_model", "sample_tokens"]
+    if stage.kind.value == "generation":
+        overrides.append("_dummy_sampler_run")
+    return V2Plan(
+        state_class=f"{prefix}ModelState",
+        runner_class=f"{prefix}RunnerV2",
+        full_graph=full_graph,
+        jit_warmup=jit_warmup,
+        rope_state=rope_state,
+        state_hooks=tuple(hooks),
+        runner_overrides=tuple(overrides),
     )
 
 

@@ -206,6 +206,72 @@ def _runtime_imports(plan: StagePlan) -> list[str]:
     return lines
 
 
+def _runtime_imports_v2(plan: StagePlan) -> list[str]:
+    """The imports of a stage's V2 target module: exactly what its rendered text uses."""
+    modules = ["step_outputs", "vllm_api_v2"]
+    if plan.preprocess_hook or (plan.replace_on_marker and plan.refresh_every_step):
+        modules.append("buffers")
+    if plan.mrope:
+        modules.append("mrope")
+    if plan.mtp:
+        modules.append("mtp")
+    if plan.preprocess_hook:
+        modules.append("phases")
+    if plan.mtp or plan.make_omni_output or plan.logits_sampling_metadata:
+        modules.append("vllm_api")
+    lines = [f"from omnigen.runtime import {', '.join(sorted(modules))}"]
+    if plan.replace_on_marker and plan.refresh_every_step:
+        lines.append("from omnigen.runtime.base import cached_request_payloads, new_request_payloads")
+    output_names = set()
+    if plan.multimodal_outputs:
+        output_names |= {"OmniOutput", "as_omni_output", "restore_flattened_omni_output"}
+    if plan.make_omni_output:
+        output_names |= {"OmniOutput", "as_omni_output"}
+    if plan.set_batch_req_ids:
+        output_names.add("as_omni_output")
+    if output_names:
+        ordered = [
+            n for n in ("OmniOutput", "as_omni_output", "restore_flattened_omni_output") if n in output_names
+        ]
+        lines.append(f"from omnigen.runtime.outputs import {', '.join(ordered)}")
+    v2_names = ["OmniModelStateV2", "OmniRunnerV2"]
+    if plan.v2 is not None and plan.v2.rope_state == "text_only":
+        v2_names.append("TextOnlyRopeState")
+    if plan.v2 is not None and plan.v2.rope_state == "filtered_kwargs":
+        v2_names.append("FilteredKwargsRopeState")
+    lines.append(f"from omnigen.runtime.v2 import {', '.join(sorted(v2_names))}")
+    return lines
+
+
+def render_stage_v2(plan: StagePlan, overrides: tuple[str, ...] = ()) -> str:
+    """The stage's V2 target module source (``<stage>_v2.py``), before formatting."""
+    env = environment()
+    if plan.v2 is None:
+        raise RenderError(f"plan of {plan.model}.{plan.stage} has no V2 target")
+    try:
+        template = env.get_template("stage_v2.py.j2")
+    except jinja2.TemplateError as exc:
+        raise RenderError(f"templates/stage_v2.py.j2: {exc}") from exc
+    return template.render(**_stage_context(plan, overrides), runtime_imports=_runtime_imports_v2(plan))
+
+
+def _stage_context(plan: StagePlan, overrides: tuple[str, ...]) -> dict[str, Any]:
+    """What both stage templates read besides the plan."""
+    return {
+        "p": plan,
+        "header": header(plan.source, plan.model, overrides),
+        "summary": _summary(plan),
+        "gpu_keys_literal": _pyrepr(frozenset(plan.gpu_resident_keys)),
+        "graph_reason": _decision(plan, "mtp.graph") if plan.mtp else "",
+        "accumulate_reason": _decision(plan, "accumulates_full_payload"),
+        "publish_reason": _decision(plan, "published_keys"),
+        "defer_reason": _decision(plan, "defers_full_payload_d2h"),
+        "forward_clauses": ", ".join(c for c in plan.clauses if c in _FORWARD_CLAUSES),
+        "finish_clauses": ", ".join(c for c in plan.clauses if c in _FINISH_CLAUSES),
+        "assemble_clauses": ", ".join(c for c in plan.clauses if c in _ASSEMBLE_CLAUSES),
+    }
+
+
 def render_stage(plan: StagePlan, overrides: tuple[str, ...] = ()) -> str:
     """The stage module's source, before formatting."""
     env = environment()
@@ -236,6 +302,8 @@ def render_stage(plan: StagePlan, overrides: tuple[str, ...] = ()) -> str:
         forward_clauses=", ".join(c for c in plan.clauses if c in _FORWARD_CLAUSES),
         finish_clauses=", ".join(c for c in plan.clauses if c in _FINISH_CLAUSES),
         model_config_literal=_pyrepr(dict(plan.model_config_fields)),
+        v2_full_graph_reason=_decision(plan, "v2.full_graph"),
+        v2_jit_warmup_reason=_decision(plan, "v2.jit_warmup"),
         model_config_keys=", ".join(
             f"{name} from {_model_config_key(plan, name)}" for name, _ in plan.model_config_fields
         ),
@@ -243,6 +311,7 @@ def render_stage(plan: StagePlan, overrides: tuple[str, ...] = ()) -> str:
 
 
 _FORWARD_CLAUSES = ("1.1", "1.2", "7.2-make-omni-output", "7.3", "7.7-query-start-loc", "7.7-batch-req-ids")
+_ASSEMBLE_CLAUSES = ("1.1-omni-output", "7.2-make-omni-output", "7.7-batch-req-ids")
 _FINISH_CLAUSES = ("5.1", "7.1", "7.2")
 
 
@@ -300,6 +369,7 @@ def model_files(plan: ModelPlan, overrides: tuple[str, ...] = ()) -> dict[str, s
     }
     for stage in plan.stages:
         files[f"{plan.name}/{stage.stage}.py"] = render_stage(stage, overrides)
+        files[f"{plan.name}/{stage.stage}_v2.py"] = render_stage_v2(stage, overrides)
     return files
 
 

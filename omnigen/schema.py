@@ -272,6 +272,38 @@ class StageModelConfigConf:
 
 
 @dataclass
+class StreamConf:
+    """How a producer hands its output to the next stage while it still runs (a streaming edge).
+
+    The producer publishes what it has accumulated at window boundaries; the pipeline cuts the
+    next stage's input into windows of codec frames, each decoded by one request of the next
+    (generation) stage with ``left_context_frames`` frames before it, and hands each window's
+    audio to the caller as it comes. Off: the next stage starts when this one finishes."""
+
+    enabled: bool = False
+    """The edge to the next stage streams (``window`` must then name the window function)."""
+
+    window: Optional[str] = None
+    """Dotted path of the glue function that turns the producer's payload so far and one window
+    (``omnigen.glue.types.Window``) into the next stage's request, e.g.
+    ``omnigen.glue.qwen3_tts.talker2code2wav_window``."""
+
+    chunk_frames: int = 25
+    """Codec frames per window after the first ones."""
+
+    left_context_frames: int = 25
+    """Frames before a window that its request decodes again and drops, so the vocoder sees the
+    history its receptive field needs (the audio at a seam then matches a one-shot decode)."""
+
+    initial_chunk_frames: int = 25
+    """Frames of the first window: smaller gives the first audio sooner, at a seam sooner."""
+
+    ramp: List[int] = field(default_factory=list)
+    """Sizes of the windows after the first, before ``chunk_frames`` takes over (e.g.
+    ``[4, 8, 16]``); empty: none."""
+
+
+@dataclass
 class CheckpointConf:
     """How a real checkpoint of the model is served: who provides its classes, how a request
     becomes the first stage's input. Registered with vLLM in every process that serves the model."""
@@ -341,6 +373,9 @@ class StageConf:
     ["omnigen"]``, CONTRACT 8.1), e.g. ``[audio]``; a key names itself and the dotted keys under
     it. Empty on a stage with a ``final_output``: every key. A producer also publishes everything
     it accumulates for the next stage."""
+
+    stream: StreamConf = field(default_factory=StreamConf)
+    """Whether this producer's edge to the next stage streams, and its windows."""
 
     devices: Optional[str] = None
     """The devices of this stage's engine in a pipeline with one engine-core process per stage
@@ -425,6 +460,10 @@ class RunRequestConf:
     ref_text: Optional[str] = None
     """The transcript of ``ref_audio``."""
 
+    messages: Optional[List[Dict[str, Any]]] = None
+    """A chat model's messages (``'[{role: user, content: Hi}]'``; Qwen3-Omni); null:
+    ``serve.prompt`` as one user message. A speech model refuses it."""
+
 
 @dataclass
 class ServeConf:
@@ -487,6 +526,11 @@ class ServeConf:
 
     output: str = "omnigen.wav"
     """Where ``omnigen run`` writes the audio."""
+
+    stream: bool = False
+    """``omnigen run``: write the audio to ``output`` as it is made (``OUTPUT.part`` until the take
+    is whole), for a model whose edge into its audio stage streams (``stages.S.stream``); false:
+    the whole take at once, from the full payload."""
 
     host: str = "127.0.0.1"
     """``omnigen serve``'s address."""

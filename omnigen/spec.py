@@ -93,6 +93,22 @@ class CheckpointSpec:
 
 
 @dataclass(frozen=True)
+class StreamSpec:
+    """A streaming edge (``stages.S.stream``): the window function and the window sizes."""
+
+    window: str
+    chunk_frames: int
+    left_context_frames: int
+    initial_chunk_frames: int
+    ramp: tuple[int, ...] = ()
+
+    def window_sizes(self, count: int) -> list[int]:
+        """The first ``count`` window sizes: the first window, the ramp, then ``chunk_frames``."""
+        sizes = [self.initial_chunk_frames, *self.ramp]
+        return (sizes + [self.chunk_frames] * max(count - len(sizes), 0))[:count]
+
+
+@dataclass(frozen=True)
 class StageSpec:
     name: str
     order: int
@@ -133,6 +149,8 @@ class StageSpec:
     model_stage: str | None
     hf_config_name: str | None
     model_class: str | None = None
+    stream: StreamSpec | None = None
+    """The edge to the next stage streams (None: full payload at request end)."""
 
     @property
     def producer(self) -> bool:
@@ -588,6 +606,19 @@ def _stage_spec(model: ModelConf, name: str, stage: Any, *, is_last: bool, findi
         model_class=stage.model_class,
         model_stage=deployment.model_stage,
         hf_config_name=deployment.hf_config_name,
+        stream=_stream_spec(stage.stream),
+    )
+
+
+def _stream_spec(stream: Any) -> StreamSpec | None:
+    if not stream.enabled:
+        return None
+    return StreamSpec(
+        window=stream.window,
+        chunk_frames=stream.chunk_frames,
+        left_context_frames=stream.left_context_frames,
+        initial_chunk_frames=stream.initial_chunk_frames,
+        ramp=tuple(stream.ramp),
     )
 
 
@@ -599,6 +630,12 @@ def _check_edges(stages: tuple[StageSpec, ...], findings: _Findings) -> None:
             "the first stage has no previous stage; its input is the caller's prompt: remove it",
         )
     for before, after in zip(stages, stages[1:], strict=False):
+        if before.stream is not None and after.kind is not StageKind.generation:
+            findings.add(
+                f"stages.{before.name}.stream.enabled",
+                f"windows are decoded by a generation stage, and {after.name!r} is {after.kind.value}; "
+                "turn streaming off for this edge",
+            )
         if before.next_stage_input is not None and after.input_function is not None:
             findings.add(
                 f"stages.{after.name}.input_function",
@@ -641,10 +678,38 @@ def _check_serving_keys(stage: Any, key: str, add: Any) -> None:
         )
     if stage.input_function is not None:
         _check_glue_name(stage.input_function, f"{key}.input_function", add)
+    _check_stream(stage, key, add)
     if stage.devices is not None and not _DEVICES.fullmatch(stage.devices):
         add(
             f"{key}.devices",
             f'{stage.devices!r} is not a device list; write CUDA_VISIBLE_DEVICES form, e.g. "0" or "1,2"',
+        )
+
+
+def _check_stream(stage: Any, key: str, add: Any) -> None:
+    """A streaming edge needs a producer, a window function and windows of at least a frame."""
+    stream = stage.stream
+    for name in ("chunk_frames", "initial_chunk_frames"):
+        if getattr(stream, name) < 1:
+            add(f"{key}.stream.{name}", f"{getattr(stream, name)} frames: a window holds at least 1 frame")
+    if stream.left_context_frames < 0:
+        add(f"{key}.stream.left_context_frames", f"{stream.left_context_frames}: write 0 or more frames")
+    for i, size in enumerate(stream.ramp):
+        if size < 1:
+            add(f"{key}.stream.ramp[{i}]", f"{size} frames: a window holds at least 1 frame")
+    if stream.window is not None:
+        _check_glue_name(stream.window, f"{key}.stream.window", add)
+    if not stream.enabled:
+        return
+    if stage.next_stage_input is None:
+        add(
+            f"{key}.stream.enabled",
+            "streams to the next stage, but the stage feeds none (next_stage_input is null); turn it off",
+        )
+    if stream.window is None:
+        add(
+            f"{key}.stream.window",
+            "a streaming edge needs its window function; name one (e.g. omnigen.glue.qwen3_tts.talker2code2wav_window)",
         )
 
 

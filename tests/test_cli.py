@@ -40,9 +40,12 @@ def test_build_one_model_into_a_named_folder_leaves_no_hydra_output(tmp_path):
     assert sorted(p.name for p in (tmp_path / "o" / "qwen3_omni").iterdir()) == [
         "__init__.py",
         "code2wav.py",
+        "code2wav_v2.py",
         "plan.yaml",
         "talker.py",
+        "talker_v2.py",
         "thinker.py",
+        "thinker_v2.py",
     ]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["o"]  # no outputs/, multirun/, .hydra/
 

@@ -67,6 +67,22 @@ def test_one_runner_and_one_worker_class_per_stage(all_files):
             assert classes == [stage.runner_class, stage.worker_class]
 
 
+def test_one_v2_target_per_stage_beside_its_v1_runner(all_files):
+    """Each stage's Model Runner V2 target is generated beside its V1 runner, from the same
+    config: a ``<stage>_v2.py`` with the model state and the runner, and nothing else."""
+    for name in paths.model_names():
+        plan = pipeline.model_plan(name)
+        for stage in plan.stages:
+            tree = ast.parse(all_files[f"{name}/{stage.stage}_v2.py"])
+            classes = [node.name for node in tree.body if isinstance(node, ast.ClassDef)]
+            assert classes == [stage.v2.state_class, stage.v2.runner_class]
+            assert stage.v2_module == f"{stage.module}_v2"
+            # The V1 module names the V2 runner; it never imports the V2 module.
+            v1 = all_files[f"{name}/{stage.stage}.py"]
+            assert f"runner_v2 = {stage.v2.runner_class!r}".replace("'", '"') in v1
+            assert "_v2 import" not in v1 and "vllm_api_v2" not in v1
+
+
 def test_generated_code_passes_the_pinned_ruff(all_files, tmp_path):
     for rel, text in all_files.items():
         if rel.endswith(".py"):
@@ -129,6 +145,7 @@ def test_files_of_a_removed_stage_or_model_are_removed(tmp_path):
             "model=qwen3_tts",
             "~model.stages.code2wav",
             "model.stages.qwen3_tts.next_stage_input=null",
+            "model.stages.qwen3_tts.stream.enabled=false",  # no next stage to stream to
             f"out={out}",
         ],
         check=True,

@@ -463,9 +463,18 @@ class FishSpeechSlowArWorker(worker_base("auto")):
     """vLLM's worker for this stage: ``worker_cls="omnigen.generated.fish_speech.slow_ar.FishSpeechSlowArWorker"``.
 
     device=auto: vLLM's CPU worker on a CPU-only platform, its GPU worker otherwise.
+    It builds the V1 runner above, or the stage's Model Runner V2 target
+    (``omnigen.generated.fish_speech.slow_ar_v2.FishSpeechSlowArRunnerV2``) where ``vllm_api.runner_target`` says V2.
     """
 
     runner_class = FishSpeechSlowArRunner
+    # Model Runner V2 (docs/model-runner-v2.md): the V2 target's runner, in this module's `_v2`
+    # sibling, imported only when the worker builds it.
+    runner_v2 = "FishSpeechSlowArRunnerV2"
+    # v2.full_graph=kept: make_omni_output assembles the payload from the replayed hidden states after the forward.
+    v2_narrow_full_graphs = False
+    # v2.jit_warmup=off: off: V2's warm-up would run a preprocess hook, a post-forward hook, make_omni_output, a multimodal forward on synthetic requests that carry no stage payload; the first real step compiles V2's kernels instead.
+    v2_jit_warmup = False
     # The model reads these from vLLM's model_config; the worker sets them before building it:
     # async_chunk from async_chunk.
     model_config_fields = {"async_chunk": False}

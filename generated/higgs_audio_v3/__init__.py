@@ -22,4 +22,4 @@ PROVIDER = "vllm-omni"
 PROVIDER_INSTALL = "pip install 'omnigen[vllm-omni]'"
 CONFIG_CLASS = "vllm_omni.transformers_utils.configs.higgs_audio_v3.HiggsAudioV3Config"
 MODEL_TYPE = "higgs_multimodal_qwen3"
-REQUEST_BUILDER = None
+REQUEST_BUILDER = "omnigen.requests.higgs_audio_v3.HiggsAudioV3RequestBuilder"

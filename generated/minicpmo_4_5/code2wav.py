@@ -135,6 +135,11 @@ class Minicpmo45Code2wavRunner(OmniRunnerBase, vllm_api.GPUModelRunner):
         # kind=generation: vLLM's profiling pass of the sampler has nothing to sample.
         return torch.empty(0, device=hidden_states.device)
 
+    def execute_model(self, scheduler_output: Any, intermediate_tensors: Any = None) -> Any:
+        """vLLM's step without logits: a generation step samples nothing (7.3)."""
+        with vllm_api.logits_skipped(self.model):
+            return super().execute_model(scheduler_output, intermediate_tensors)
+
     def _update_states(self, scheduler_output: Any) -> Any:
         """vLLM's state update, then the model drops the state of requests that ended (7.3)."""
         deferred = super()._update_states(scheduler_output)
@@ -148,9 +153,18 @@ class Minicpmo45Code2wavWorker(worker_base("auto")):
     """vLLM's worker for this stage: ``worker_cls="omnigen.generated.minicpmo_4_5.code2wav.Minicpmo45Code2wavWorker"``.
 
     device=auto: vLLM's CPU worker on a CPU-only platform, its GPU worker otherwise.
+    It builds the V1 runner above, or the stage's Model Runner V2 target
+    (``omnigen.generated.minicpmo_4_5.code2wav_v2.Minicpmo45Code2wavRunnerV2``) where ``vllm_api.runner_target`` says V2.
     """
 
     runner_class = Minicpmo45Code2wavRunner
+    # Model Runner V2 (docs/model-runner-v2.md): the V2 target's runner, in this module's `_v2`
+    # sibling, imported only when the worker builds it.
+    runner_v2 = "Minicpmo45Code2wavRunnerV2"
+    # v2.full_graph=narrowed: the forward returns the step's payload itself, and V2 replays only the hidden states of a full CUDA graph: the worker narrows the model's graph mode (FULL_AND_PIECEWISE to PIECEWISE, FULL to NONE).
+    v2_narrow_full_graphs = True
+    # v2.jit_warmup=off: off: V2's warm-up would run a generation forward, a multimodal forward on synthetic requests that carry no stage payload; the first real step compiles V2's kernels instead.
+    v2_jit_warmup = False
     # The model reads these from vLLM's model_config; the worker sets them before building it:
     # async_chunk from async_chunk.
     model_config_fields = {"async_chunk": False}

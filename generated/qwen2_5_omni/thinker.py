@@ -111,9 +111,18 @@ class Qwen25OmniThinkerWorker(worker_base("auto")):
     """vLLM's worker for this stage: ``worker_cls="omnigen.generated.qwen2_5_omni.thinker.Qwen25OmniThinkerWorker"``.
 
     device=auto: vLLM's CPU worker on a CPU-only platform, its GPU worker otherwise.
+    It builds the V1 runner above, or the stage's Model Runner V2 target
+    (``omnigen.generated.qwen2_5_omni.thinker_v2.Qwen25OmniThinkerRunnerV2``) where ``vllm_api.runner_target`` says V2.
     """
 
     runner_class = Qwen25OmniThinkerRunner
+    # Model Runner V2 (docs/model-runner-v2.md): the V2 target's runner, in this module's `_v2`
+    # sibling, imported only when the worker builds it.
+    runner_v2 = "Qwen25OmniThinkerRunnerV2"
+    # v2.full_graph=kept: the forward returns hidden states only: vLLM's graph mode is kept.
+    v2_narrow_full_graphs = False
+    # v2.jit_warmup=on: vLLM's warm-up may drive real steps with its synthetic requests: nothing of the stage reads a payload.
+    v2_jit_warmup = True
     # The model reads these from vLLM's model_config; the worker sets them before building it:
     # async_chunk from async_chunk, model_stage from stages.thinker.model_config.model_stage.
     model_config_fields = {"async_chunk": False, "model_stage": "thinker"}

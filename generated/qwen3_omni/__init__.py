@@ -26,4 +26,4 @@ PROVIDER = "vllm-omni"
 PROVIDER_INSTALL = "pip install 'omnigen[vllm-omni]'"
 CONFIG_CLASS = None
 MODEL_TYPE = None
-REQUEST_BUILDER = None
+REQUEST_BUILDER = "omnigen.requests.qwen3_omni.Qwen3OmniRequestBuilder"

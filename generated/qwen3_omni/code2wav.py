@@ -87,6 +87,8 @@ class Qwen3OmniCode2wavRunner(OmniRunnerBase, vllm_api.GPUModelRunner):
         ) = super()._preprocess(scheduler_output, num_input_tokens, intermediate_tensors)
         # buffers.refresh_every_step: the scheduler's payloads merge on every step.
         self._update_additional_information(scheduler_output)
+        # async_chunk=false: connector-delivered full payloads override earlier infos.
+        self._sync_local_stage_payloads()
         return input_ids, inputs_embeds, positions, intermediate_tensors, model_kwargs, ec_connector_output
 
     def _should_accumulate_full_payload_output(self) -> bool:
@@ -114,16 +116,30 @@ class Qwen3OmniCode2wavRunner(OmniRunnerBase, vllm_api.GPUModelRunner):
         # kind=generation: vLLM's profiling pass of the sampler has nothing to sample.
         return torch.empty(0, device=hidden_states.device)
 
+    def execute_model(self, scheduler_output: Any, intermediate_tensors: Any = None) -> Any:
+        """vLLM's step without logits: a generation step samples nothing (7.3)."""
+        with vllm_api.logits_skipped(self.model):
+            return super().execute_model(scheduler_output, intermediate_tensors)
+
 
 class Qwen3OmniCode2wavWorker(worker_base("auto")):
     """vLLM's worker for this stage: ``worker_cls="omnigen.generated.qwen3_omni.code2wav.Qwen3OmniCode2wavWorker"``.
 
     device=auto: vLLM's CPU worker on a CPU-only platform, its GPU worker otherwise.
+    It builds the V1 runner above, or the stage's Model Runner V2 target
+    (``omnigen.generated.qwen3_omni.code2wav_v2.Qwen3OmniCode2wavRunnerV2``) where ``vllm_api.runner_target`` says V2.
     """
 
     runner_class = Qwen3OmniCode2wavRunner
+    # Model Runner V2 (docs/model-runner-v2.md): the V2 target's runner, in this module's `_v2`
+    # sibling, imported only when the worker builds it.
+    runner_v2 = "Qwen3OmniCode2wavRunnerV2"
+    # v2.full_graph=kept: make_omni_output assembles the payload from the replayed hidden states after the forward.
+    v2_narrow_full_graphs = False
+    # v2.jit_warmup=off: off: V2's warm-up would run a generation forward, make_omni_output, a multimodal forward on synthetic requests that carry no stage payload; the first real step compiles V2's kernels instead.
+    v2_jit_warmup = False
     # The model reads these from vLLM's model_config; the worker sets them before building it:
     # async_chunk from async_chunk, model_stage from stages.code2wav.model_config.model_stage.
-    model_config_fields = {"async_chunk": True, "model_stage": "code2wav"}
+    model_config_fields = {"async_chunk": False, "model_stage": "code2wav"}
     # model_config.hf_config_name: the stage's widths and vocabulary are hf_config.thinker_config's.
     text_config_name = "thinker_config"

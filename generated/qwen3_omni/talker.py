@@ -4,7 +4,7 @@
 
 An autoregressive stage that feeds the next stage. It has: per-row preprocess hook; talker MTP (graph safe, per-row generators never); post-forward hook; output assembly by make_omni_output.
 
-Contract clauses (shared/docs/CONTRACT.md): 1.1, 1.1-omni-output, 1.3, 2.1, 2.2, 2.3, 3.1, 3.2, 3.3, 3.4, 3.6, 3.7, 4.1, 4.2, 4.2-every-step, 4.4, 4.5, 5.2, 6, 7.1, 7.2, 7.2-make-omni-output, 7.5, 7.5-text-config, 7.7-logits-metadata, 7.8, 8.2.
+Contract clauses (shared/docs/CONTRACT.md): 1.1, 1.1-omni-output, 1.3, 2.1, 2.2, 2.3, 3.1, 3.2, 3.3, 3.4, 3.6, 3.7, 4.1, 4.2, 4.2-every-step, 4.4, 4.5, 5.1, 5.2, 6, 7.1, 7.2, 7.2-make-omni-output, 7.5, 7.5-text-config, 7.7-logits-metadata, 7.8, 8.1, 8.2.
 Serve: vllm serve MODEL_PATH --worker-cls omnigen.generated.qwen3_omni.talker.Qwen3OmniTalkerWorker --scheduler-cls omnigen.runtime.scheduler.OmniScheduler
 """
 
@@ -36,6 +36,8 @@ class Qwen3OmniTalkerRunner(OmniRunnerBase, vllm_api.GPUModelRunner):
             ("hidden_states", "trailing_text"),
         }
     )
+    # Each step publishes every payload key to the scheduler (8.1): a full-payload producer publishes every key: the next stage gets the whole payload.
+    PUBLISHED_KEYS = None
     # mtp.output_key: where the predicted codes land in a request's buffer.
     MTP_OUTPUT_KEY = ("codes", "audio")
     # mtp.sampling: no stage defaults.
@@ -155,6 +157,8 @@ class Qwen3OmniTalkerRunner(OmniRunnerBase, vllm_api.GPUModelRunner):
         ) = super()._preprocess(scheduler_output, num_input_tokens, intermediate_tensors)
         # buffers.refresh_every_step: the scheduler's payloads merge on every step.
         self._update_additional_information(scheduler_output)
+        # async_chunk=false: connector-delivered full payloads override earlier infos.
+        self._sync_local_stage_payloads()
         # preprocess.hook: the hook reads and writes the persistent buffers, so a CUDA graph
         # replays the addresses it captured, and sees the scheduled ids even when a
         # multimodal wrapper passed none (3.6). Where vLLM's step handed back a tensor it is
@@ -439,8 +443,8 @@ class Qwen3OmniTalkerRunner(OmniRunnerBase, vllm_api.GPUModelRunner):
 
     def _should_accumulate_full_payload_output(self) -> bool:
         """Whether this stage keeps a full payload to send at request end (5.2)."""
-        # async-chunk mode streams chunks instead of a full payload
-        return False
+        # a producer with a full-payload function, not in async-chunk mode
+        return True
 
     def _should_defer_full_payload_d2h(self) -> bool:
         """Whether the full payload stays on the device until the request ends (5.3)."""
@@ -448,7 +452,7 @@ class Qwen3OmniTalkerRunner(OmniRunnerBase, vllm_api.GPUModelRunner):
         return False
 
     def _finish_step(self, step: step_outputs.StepSnapshot) -> None:
-        """After sampling: the post-forward hook on each row, then each request's published payload (7.1, 7.2)."""
+        """After sampling: the post-forward hook on each row, then each request's published payload (5.1, 7.1, 7.2)."""
         for _row, req_id, start, end in step.rows():
             # postprocess.hook: the update lands in the buffer before the next step's preprocess.
             update = self.model.postprocess(
@@ -459,6 +463,8 @@ class Qwen3OmniTalkerRunner(OmniRunnerBase, vllm_api.GPUModelRunner):
             self._update_intermediate_buffer(req_id, update)
         # outputs.payload_hidden=False: the text hidden states are not published.
         self.omni_step_payloads = step_outputs.ar_request_payloads(step, include_hidden=False)
+        # a producer with a full-payload function, not in async-chunk mode: the payloads are kept for the next stage (5.1).
+        self._accumulate_request_payloads(self.omni_step_payloads)
 
     def execute_model(self, scheduler_output: Any, intermediate_tensors: Any = None) -> Any:
         """vLLM's step, with ``compute_logits`` given vLLM's sampling metadata (7.7)."""
@@ -473,11 +479,20 @@ class Qwen3OmniTalkerWorker(worker_base("auto")):
     """vLLM's worker for this stage: ``worker_cls="omnigen.generated.qwen3_omni.talker.Qwen3OmniTalkerWorker"``.
 
     device=auto: vLLM's CPU worker on a CPU-only platform, its GPU worker otherwise.
+    It builds the V1 runner above, or the stage's Model Runner V2 target
+    (``omnigen.generated.qwen3_omni.talker_v2.Qwen3OmniTalkerRunnerV2``) where ``vllm_api.runner_target`` says V2.
     """
 
     runner_class = Qwen3OmniTalkerRunner
+    # Model Runner V2 (docs/model-runner-v2.md): the V2 target's runner, in this module's `_v2`
+    # sibling, imported only when the worker builds it.
+    runner_v2 = "Qwen3OmniTalkerRunnerV2"
+    # v2.full_graph=kept: make_omni_output assembles the payload from the replayed hidden states after the forward.
+    v2_narrow_full_graphs = False
+    # v2.jit_warmup=off: off: V2's warm-up would run a preprocess hook, a post-forward hook, make_omni_output, a multimodal forward on synthetic requests that carry no stage payload; the first real step compiles V2's kernels instead.
+    v2_jit_warmup = False
     # The model reads these from vLLM's model_config; the worker sets them before building it:
     # async_chunk from async_chunk, model_stage from stages.talker.model_config.model_stage.
-    model_config_fields = {"async_chunk": True, "model_stage": "talker"}
+    model_config_fields = {"async_chunk": False, "model_stage": "talker"}
     # model_config.hf_config_name: the stage's widths and vocabulary are hf_config.talker_config's.
     text_config_name = "talker_config"

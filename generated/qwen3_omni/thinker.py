@@ -4,7 +4,7 @@
 
 An autoregressive stage that publishes text and feeds the next stage. It has: output assembly by make_omni_output.
 
-Contract clauses (shared/docs/CONTRACT.md): 1.1, 1.1-omni-output, 1.3, 3.7, 4.1, 4.2, 4.4, 4.5, 5.2, 6, 7.2, 7.2-make-omni-output, 7.5, 7.5-text-config, 7.7-logits-metadata, 7.8, 8.1, 8.2.
+Contract clauses (shared/docs/CONTRACT.md): 1.1, 1.1-omni-output, 1.3, 3.7, 4.1, 4.2, 4.4, 4.5, 5.1, 5.2, 6, 7.2, 7.2-make-omni-output, 7.5, 7.5-text-config, 7.7-logits-metadata, 7.8, 8.1, 8.2.
 Serve: vllm serve MODEL_PATH --worker-cls omnigen.generated.qwen3_omni.thinker.Qwen3OmniThinkerWorker --scheduler-cls omnigen.runtime.scheduler.OmniScheduler
 """
 
@@ -25,7 +25,7 @@ class Qwen3OmniThinkerRunner(OmniRunnerBase, vllm_api.GPUModelRunner):
 
     OMNI_MODEL = "qwen3_omni"
     OMNI_STAGE = "thinker"
-    # Each step publishes every payload key to the scheduler (8.1): final_output=text and no publish list: the caller gets every key of the stage's output (as vllm-omni's clients do).
+    # Each step publishes every payload key to the scheduler (8.1): a full-payload producer publishes every key: the next stage gets the whole payload.
     PUBLISHED_KEYS = None
 
     def _model_forward(
@@ -94,8 +94,8 @@ class Qwen3OmniThinkerRunner(OmniRunnerBase, vllm_api.GPUModelRunner):
 
     def _should_accumulate_full_payload_output(self) -> bool:
         """Whether this stage keeps a full payload to send at request end (5.2)."""
-        # async-chunk mode streams chunks instead of a full payload
-        return False
+        # a producer with a full-payload function, not in async-chunk mode
+        return True
 
     def _should_defer_full_payload_d2h(self) -> bool:
         """Whether the full payload stays on the device until the request ends (5.3)."""
@@ -103,9 +103,11 @@ class Qwen3OmniThinkerRunner(OmniRunnerBase, vllm_api.GPUModelRunner):
         return False
 
     def _finish_step(self, step: step_outputs.StepSnapshot) -> None:
-        """After sampling: each request's published payload (7.2)."""
+        """After sampling: each request's published payload (5.1, 7.2)."""
         # outputs.payload_hidden=True: each request's text hidden rows are published as hidden.
         self.omni_step_payloads = step_outputs.ar_request_payloads(step, include_hidden=True)
+        # a producer with a full-payload function, not in async-chunk mode: the payloads are kept for the next stage (5.1).
+        self._accumulate_request_payloads(self.omni_step_payloads)
 
     def execute_model(self, scheduler_output: Any, intermediate_tensors: Any = None) -> Any:
         """vLLM's step, with ``compute_logits`` given vLLM's sampling metadata (7.7)."""
@@ -120,11 +122,20 @@ class Qwen3OmniThinkerWorker(worker_base("auto")):
     """vLLM's worker for this stage: ``worker_cls="omnigen.generated.qwen3_omni.thinker.Qwen3OmniThinkerWorker"``.
 
     device=auto: vLLM's CPU worker on a CPU-only platform, its GPU worker otherwise.
+    It builds the V1 runner above, or the stage's Model Runner V2 target
+    (``omnigen.generated.qwen3_omni.thinker_v2.Qwen3OmniThinkerRunnerV2``) where ``vllm_api.runner_target`` says V2.
     """
 
     runner_class = Qwen3OmniThinkerRunner
+    # Model Runner V2 (docs/model-runner-v2.md): the V2 target's runner, in this module's `_v2`
+    # sibling, imported only when the worker builds it.
+    runner_v2 = "Qwen3OmniThinkerRunnerV2"
+    # v2.full_graph=kept: make_omni_output assembles the payload from the replayed hidden states after the forward.
+    v2_narrow_full_graphs = False
+    # v2.jit_warmup=off: off: V2's warm-up would run make_omni_output, a multimodal forward on synthetic requests that carry no stage payload; the first real step compiles V2's kernels instead.
+    v2_jit_warmup = False
     # The model reads these from vLLM's model_config; the worker sets them before building it:
     # async_chunk from async_chunk, model_stage from stages.thinker.model_config.model_stage.
-    model_config_fields = {"async_chunk": True, "model_stage": "thinker"}
+    model_config_fields = {"async_chunk": False, "model_stage": "thinker"}
     # model_config.hf_config_name: the stage's widths and vocabulary are hf_config.thinker_config's.
     text_config_name = "thinker_config"

@@ -6,9 +6,11 @@ code2wav stage's ``sync_process_input_func``; the talker has no full-payload pro
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
-from .types import GlueError, NextStageInput, StageResult
+from .types import GlueError, NextStageInput, StageResult, bounds_next_prompt
 
 NUM_CODEBOOKS = 8
 NUM_REAL_CODES = 1024
@@ -27,6 +29,16 @@ def undelay(codes_qt: torch.Tensor) -> torch.Tensor:
     return torch.stack([codes_qt[i, i : i + frames] for i in range(q)])
 
 
+def _codes_of_tokens(tokens: int, first_payload: Any, hf_config: Any) -> int:
+    """code2wav's longest prompt for a talker budget of ``tokens``: the talker publishes no codes
+    at its prefill step and one delay-pattern row at each later step (vllm-omni's runner and
+    omnigen's alike, with prefix caching off), so ``tokens`` sampled tokens give at most
+    ``tokens - 1`` rows, which undo into ``rows - 7`` frames, less the last one: 8 codes a frame,
+    ``8 x max(1, tokens - 9)`` codes."""
+    return NUM_CODEBOOKS * max(1, tokens - 1 - NUM_CODEBOOKS)
+
+
+@bounds_next_prompt(_codes_of_tokens, min_producer_tokens=NUM_CODEBOOKS + 1)
 def talker2code2wav(source: StageResult) -> NextStageInput:
     """The talker's delayed codes -> code2wav's prompt: the codes, codebook-major.
 

@@ -20,9 +20,19 @@ from typing import Any
 
 import torch
 
-from .types import GlueError, NextStageInput, StageResult, bounds_next_prompt, owned_cpu
+from .types import (
+    GlueError,
+    NextStageInput,
+    StageResult,
+    Window,
+    WindowInput,
+    bounds_next_prompt,
+    counts_frames,
+    owned_cpu,
+)
 
 THINKER2TALKER = "omnigen.glue.omnigen_tiny.thinker2talker"
+TALKER2CODE2WAV_WINDOW = "omnigen.glue.omnigen_tiny.talker2code2wav_window"
 
 
 @bounds_next_prompt(lambda tokens, _payload, _hf_config: tokens)  # one talker id per thinker token
@@ -65,3 +75,35 @@ def talker2code2wav(source: StageResult) -> NextStageInput:
     prompt = talker_to_code2wav({"codes.audio": codes})
     frames = codes[(codes >= 0).all(dim=-1)].to("cpu", torch.long).clone()
     return NextStageInput(prompt_token_ids=prompt, payload={"codes": {"audio": frames}})
+
+
+def _talker_frames(source: StageResult) -> torch.Tensor:
+    codes = source.get("codes.audio")
+    if not isinstance(codes, torch.Tensor) or codes.dim() != 2:
+        return torch.zeros((0, 0), dtype=torch.long)
+    return codes[(codes >= 0).all(dim=-1)].to("cpu", torch.long)
+
+
+@counts_frames(lambda source: int(_talker_frames(source).shape[0]))
+def talker2code2wav_window(source: StageResult, window: Window) -> WindowInput:
+    """One window of the tiny talker's frames -> a tiny code2wav request for it and its left
+    context; the context's samples (``hop_length`` per code, ``num_codebooks`` codes a frame)
+    are dropped from the front of the window's audio."""
+    from omnigen.testing.tiny_omni import KNOB_DEFAULTS, talker_to_code2wav
+
+    frames = _talker_frames(source)[window.start - window.left_context : window.end].clone()
+    if frames.shape[0] != window.end - window.start + window.left_context:
+        raise GlueError(
+            TALKER2CODE2WAV_WINDOW,
+            source.request_id,
+            f"window {window.index} needs frames [{window.start - window.left_context}, {window.end}), "
+            f"the payload holds {int(_talker_frames(source).shape[0])}",
+        )
+    hop = int(getattr(source.hf_config, "omnigen_hop_length", KNOB_DEFAULTS["omnigen_hop_length"]))
+    return WindowInput(
+        request=NextStageInput(
+            prompt_token_ids=talker_to_code2wav({"codes.audio": frames}),
+            payload={"codes": {"audio": frames}},
+        ),
+        drop_samples=window.left_context * int(frames.shape[1]) * hop,
+    )

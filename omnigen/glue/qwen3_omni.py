@@ -4,8 +4,14 @@ Matches vllm-omni 0.30's ``stage_input_processors/qwen3_omni.py`` in full-payloa
 
 * ``thinker2talker``: the payload of ``thinker2talker_full_payload`` and the prompt of
   ``thinker2talker_token_only`` (the talker stage's ``sync_process_input_func``);
-* ``talker2code2wav``: the payload of ``talker2code2wav_full_payload``; the code2wav stage
-  has no input function, so its prompt is vllm-omni's default, the talker's output ids.
+* ``talker2code2wav``: the payload of ``talker2code2wav_full_payload``, and the prompt the
+  code2wav stage runs: its scheduler replaces the request's prompt with the payload's flat codes
+  (``OmniSchedulingCoordinator.update_request_metadata``, generation mode, from the payload's
+  ``codes.audio``), and the model decodes its input ids as the codes
+  (``qwen3_omni.py``, code2wav forward).
+
+Both declare how long the next stage's prompt can be (``bounds_next_prompt``), so a request is
+checked against the talker's and code2wav's contexts before the thinker runs.
 """
 
 from __future__ import annotations
@@ -19,6 +25,7 @@ from .types import (
     GlueError,
     NextStageInput,
     StageResult,
+    bounds_next_prompt,
     finished_flag,
     first_tensor,
     owned_cpu,
@@ -78,6 +85,19 @@ def _accept_hidden_layer(source: StageResult, accept_hidden_layer: int | None) -
     return int(layer)
 
 
+def _talker_prompt_bound(
+    tokens: int, first_payload: Any, hf_config: Any, producer_prompt: Sequence[int] | None
+) -> int | None:
+    """The talker's longest prompt for a thinker that samples up to ``tokens`` tokens after
+    ``producer_prompt``: ``talker_prompt_length``, which reads only where the prompt's turns
+    start (the reply's ids count only when the prompt ends inside a user turn). None: the
+    thinker's prompt ids are not known."""
+    if producer_prompt is None:
+        return None
+    return talker_prompt_length(producer_prompt, [*producer_prompt, *([0] * tokens)])
+
+
+@bounds_next_prompt(_talker_prompt_bound, reads_producer_prompt=True)
 def thinker2talker(source: StageResult, *, accept_hidden_layer: int | None = None) -> NextStageInput:
     """The thinker's captured layers -> the talker's conditioning, and its placeholder prompt.
 
@@ -162,12 +182,24 @@ def _is_codec_id(token: Any) -> bool:
         return False
 
 
+DEFAULT_NUM_CODE_GROUPS = 16
+"""Codebooks per frame when the config does not say (the released talker's num_code_groups)."""
+
+
+def _codes_of_tokens(tokens: int, first_payload: Any, hf_config: Any) -> int:
+    """code2wav's longest prompt for a talker budget: a frame of ``num_code_groups`` codes per
+    sampled token (a run that ends without the stop id keeps every row)."""
+    talker = getattr(hf_config, "talker_config", None)
+    return int(getattr(talker, "num_code_groups", DEFAULT_NUM_CODE_GROUPS)) * tokens
+
+
+@bounds_next_prompt(_codes_of_tokens)
 def talker2code2wav(source: StageResult) -> NextStageInput:
     """The talker's codec rows -> code2wav's codes, codebook-major, as a list of ints.
 
-    The prompt is the talker's output ids (vllm-omni gives the code2wav stage no input
-    function, so it gets the default: the producer's output tokens); code2wav reads its codes
-    from the buffer.
+    The prompt is those codes too: vllm-omni's code2wav scheduler replaces the request's prompt
+    with the payload's ``codes.audio`` when the payload arrives, and the model decodes its input
+    ids (``input_ids.reshape(16, -1)``), not the buffer.
     """
     codes = source.get("codes.audio")
     if codes is None:
@@ -185,4 +217,4 @@ def talker2code2wav(source: StageResult) -> NextStageInput:
         )
     flat = rows.transpose(0, 1).cpu().reshape(-1).tolist()
     payload = {"codes": {"audio": flat}, "meta": {"finished": finished_flag()}}
-    return NextStageInput(prompt_token_ids=list(source.output_token_ids), payload=payload)
+    return NextStageInput(prompt_token_ids=list(flat), payload=payload)

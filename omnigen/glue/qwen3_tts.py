@@ -15,7 +15,10 @@ from .types import (
     GlueError,
     NextStageInput,
     StageResult,
+    Window,
+    WindowInput,
     bounds_next_prompt,
+    counts_frames,
     finished_flag,
     prompt_list_entry,
 )
@@ -26,6 +29,7 @@ DEFAULT_NUM_QUANTIZERS = 16
 """Codebooks per frame when the payload does not say (the released checkpoints' value)."""
 
 NAME = "omnigen.glue.qwen3_tts.talker2code2wav"
+WINDOW_NAME = "omnigen.glue.qwen3_tts.talker2code2wav_window"
 
 
 def valid_frames(codes: torch.Tensor) -> torch.Tensor:
@@ -137,3 +141,49 @@ def _with_voice(payload: dict[str, Any], source: StageResult) -> dict[str, Any]:
         if value is not None:
             payload[key] = value
     return payload
+
+
+def _frames_so_far(source: StageResult) -> torch.Tensor:
+    """The talker's real frames so far, cropped as ``talker2code2wav`` crops a finished take
+    (one frame per sampled token but the last, whose frame the next step writes)."""
+    audio = source.get("codes.audio")
+    if not isinstance(audio, torch.Tensor) or audio.ndim != 2 or audio.numel() == 0:
+        return torch.zeros((0, DEFAULT_NUM_QUANTIZERS), dtype=torch.long)
+    frames = valid_frames(audio.to(torch.long))
+    kept = max(len(source.output_token_ids) - 1, 0)
+    return frames[-kept:] if kept and frames.shape[0] > kept else frames
+
+
+@counts_frames(lambda source: int(_frames_so_far(source).shape[0]))
+def talker2code2wav_window(source: StageResult, window: Window) -> WindowInput:
+    """One window of the talker's frames -> a code2wav request for it (the streaming form of
+    ``talker2code2wav``): codebook-major codes of the window and its left context,
+    ``meta.left_context_size`` telling code2wav how many frames to trim from the front of its
+    audio (it trims them itself, so nothing is dropped here). A voice clone's reference codes
+    are the context before the first frame: the first window carries them all, as the full
+    payload does, and later windows reach into them when ``left_context`` asks for more frames
+    than came before."""
+    frames = _frames_so_far(source)
+    if window.end > frames.shape[0]:
+        raise GlueError(
+            WINDOW_NAME,
+            source.request_id,
+            f"window {window.index} ends at frame {window.end}, the payload holds {int(frames.shape[0])}",
+        )
+    num_quantizers = int(frames.shape[1]) if frames.shape[1] > 0 else DEFAULT_NUM_QUANTIZERS
+    ref = _ref_codes(source.get("codes.ref"), num_quantizers, _ref_code_len(source.get("meta.ref_code_len")))
+    ref_frames = 0 if ref is None else int(ref.shape[0])
+    history = frames if ref is None else torch.cat([ref.to(frames.device), frames], dim=0)
+    left = ref_frames if window.start == 0 else min(window.left_context, ref_frames + window.start)
+    piece = history[ref_frames + window.start - left : ref_frames + window.end]
+    codes = piece.transpose(0, 1).to(device="cpu", dtype=torch.long).reshape(-1).contiguous()
+    # Each window is a whole code2wav request: it ends with its window (no decoder state kept).
+    meta: dict[str, Any] = {"finished": finished_flag()}
+    if left:
+        meta["left_context_size"] = left
+    payload = {"codes": {"audio": codes}, "meta": meta}
+    return WindowInput(
+        request=NextStageInput(
+            prompt_token_ids=[0] * int(codes.numel()), payload=_with_voice(payload, source)
+        )
+    )

@@ -33,21 +33,25 @@ class GlueError(ValueError):
         self.reason = reason
 
 
-PromptBound = Callable[[int, Mapping[str, Any], Any], int]
-"""``(producer_tokens, first_payload, producer_hf_config) -> the consumer's longest prompt``."""
+PromptBound = Callable[..., "int | None"]
+"""``(producer_tokens, first_payload, producer_hf_config) -> the consumer's longest prompt``;
+declared with ``reads_producer_prompt``, also ``producer_prompt`` (the producer's prompt ids, or
+None where they are not known), and then it may answer None (no bound for that request)."""
 
 
 def bounds_next_prompt(
-    bound: PromptBound, *, min_producer_tokens: int = 1
+    bound: PromptBound, *, min_producer_tokens: int = 1, reads_producer_prompt: bool = False
 ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """Declare how long the prompt a glue function makes can be, for a producer that samples at
     most ``producer_tokens`` tokens, and how many tokens the producer must sample for the prompt
     not to be empty: the server checks a request against every later stage before the first
-    stage runs (``omnigen.serving.limits``)."""
+    stage runs (``omnigen.serving.limits``). ``reads_producer_prompt``: the bound also takes the
+    producer's prompt ids (a fourth argument), for a glue whose next prompt is cut from them."""
 
     def attach(glue: Callable[..., Any]) -> Callable[..., Any]:
         glue.next_prompt_bound = bound  # type: ignore[attr-defined]
         glue.min_producer_tokens = min_producer_tokens  # type: ignore[attr-defined]
+        glue.next_prompt_reads_producer_prompt = reads_producer_prompt  # type: ignore[attr-defined]
         return glue
 
     return attach
@@ -56,6 +60,11 @@ def bounds_next_prompt(
 def next_prompt_bound(glue: Callable[..., Any]) -> PromptBound | None:
     """The bound a glue function declares, or None."""
     return getattr(glue, "next_prompt_bound", None)
+
+
+def reads_producer_prompt(glue: Callable[..., Any]) -> bool:
+    """Whether the glue's bound takes the producer's prompt ids as a fourth argument."""
+    return bool(getattr(glue, "next_prompt_reads_producer_prompt", False))
 
 
 def min_producer_tokens(glue: Callable[..., Any]) -> int:
@@ -118,6 +127,55 @@ class NextStageInput:
     ``{kind: {qualifier: value}}`` dicts and top-level values, on the CPU."""
     multi_modal_data: dict[str, Any] | None = None
     """The caller's multimodal data, for a consumer that processes it again."""
+
+
+@dataclass(frozen=True)
+class Window:
+    """One window of a streaming edge: the producer's frames ``[start, end)`` (counted from its
+    first frame), decoded with the ``left_context`` frames before ``start``."""
+
+    index: int
+    start: int
+    end: int
+    left_context: int
+    last: bool
+    """The producer has finished and this window holds its last frames."""
+
+
+@dataclass
+class WindowInput:
+    """What a window function returns: the consumer's request for the window, and how many
+    leading samples of the consumer's audio belong to the left context (0 where the consumer
+    drops them itself, as Qwen3-TTS's code2wav does from ``meta.left_context_size``)."""
+
+    request: NextStageInput
+    drop_samples: int = 0
+
+
+WindowGlue = Callable[[StageResult, Window], WindowInput]
+"""A streaming edge's window function; ``frames_of(source)`` (``counts_frames``) says how many
+frames the producer's payload so far holds."""
+
+
+def counts_frames(
+    frames_of: Callable[[StageResult], int],
+) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Declare how a window function counts the frames in a producer's payload so far."""
+
+    def attach(window: Callable[..., Any]) -> Callable[..., Any]:
+        window.frames_of = frames_of  # type: ignore[attr-defined]
+        return window
+
+    return attach
+
+
+def frames_counter(window: Callable[..., Any]) -> Callable[[StageResult], int]:
+    """The frame counter a window function declares (``counts_frames``)."""
+    counter = getattr(window, "frames_of", None)
+    if counter is None:
+        name = getattr(window, "__qualname__", repr(window))
+        raise TypeError(f"window function {name} declares no frame counter: decorate it with @counts_frames")
+    return counter
 
 
 Glue = Callable[[StageResult], NextStageInput]

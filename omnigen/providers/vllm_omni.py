@@ -7,7 +7,7 @@ process that serves vllm-omni's classes gets a bare ``vllm_omni`` package module
 submodules import from the installed folder, ``__init__.py`` never runs (tests/e2e/test_models.py
 checks that a served pipeline's processes keep vLLM's own ``Request``).
 
-Two more things its model modules need that omnigen's processes do not otherwise have:
+What else its model modules need that omnigen's processes do not otherwise have:
 
 - ``torchaudio`` and ``torchvision`` are imported at module level (Qwen3-TTS's prompt builder,
   Qwen3-Omni's image processor) but used only on some requests (reference audio, images). Where
@@ -16,6 +16,11 @@ Two more things its model modules need that omnigen's processes do not otherwise
   message and every other request runs.
 - On a platform vllm-omni does not know (CPU), its ``supports_torch_inductor()`` raises; the
   shared code predictor asks it on its first call. Without inductor the answer is False.
+- On a torch build without CUDA, ``torch.cuda.is_current_stream_capturing()`` raises
+  (``RuntimeError: Tried to instantiate dummy base class _cuda_isCurrentStreamCapturing``, torch
+  2.13's CPU build) instead of answering; Higgs Audio v3's code2wav asks it before every decode
+  (``higgs_audio_v3_code2wav.py`` ``_validate_codes``). Such a build has no streams to capture:
+  the answer is False, as vLLM answers it for XPU (``xpu_model_runner.py`` maps it to torch.xpu's).
 """
 
 from __future__ import annotations
@@ -115,6 +120,15 @@ def after_import() -> None:
 
     if isinstance(current_omni_platform, UnspecifiedOmniPlatform):
         UnspecifiedOmniPlatform.supports_torch_inductor = classmethod(lambda cls: False)  # type: ignore[method-assign]
+    import torch
+
+    if not torch.backends.cuda.is_built():
+        torch.cuda.is_current_stream_capturing = _no_stream_capturing
+
+
+def _no_stream_capturing() -> bool:
+    """``torch.cuda.is_current_stream_capturing`` of a torch build without CUDA."""
+    return False
 
 
 def install_bare_package() -> None:

@@ -9,6 +9,7 @@ and the per-stage sampling the request asks for. It refuses a request it cannot 
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
@@ -52,6 +53,20 @@ class SpeechInput:
     seed: int | None = None
 
 
+@dataclass(frozen=True)
+class ChatInput:
+    """One chat request as ``POST /v1/chat/completions`` and ``omnigen run`` take it (OpenAI's
+    chat fields the model reads; sampling fields are the serving layer's)."""
+
+    messages: tuple[Mapping[str, Any], ...]
+    """OpenAI chat messages: ``{"role": ..., "content": text | [parts] | None}``."""
+    voice: str | None = None
+    """A voice of the checkpoint (``GET /v1/audio/voices``); None: the model's default."""
+    language: str | None = None
+    max_tokens: int | None = None
+    """The first stage's token budget (None: the configured one)."""
+
+
 @dataclass
 class BuiltRequest:
     """What the pipeline submits for one request."""
@@ -64,12 +79,18 @@ class BuiltRequest:
     """The first autoregressive stage's token budget for this request (None: the serve default)."""
     sampling: dict[str, Any] = field(default_factory=dict)
     """Further ``SamplingParams`` fields of the first stage the checkpoint decides (its stop ids)."""
+    stage_sampling: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """Per later stage, ``SamplingParams`` fields the checkpoint decides (a talker's stop ids)."""
 
 
 class RequestBuilder:
-    """Base of every model's builder; subclasses set ``model`` and override ``build``."""
+    """Base of every model's builder; subclasses set ``model`` and override ``build`` (a speech
+    model) or ``build_chat`` (a chat model, ``api = "chat"``)."""
 
     model: ClassVar[str] = ""
+    api: ClassVar[str] = "speech"
+    """The requests the model takes: ``speech`` (``POST /v1/audio/speech``, ``SpeechInput``,
+    ``build``) or ``chat`` (``POST /v1/chat/completions``, ``ChatInput``, ``build_chat``)."""
 
     def __init__(self, checkpoint: str | Path, *, default_max_tokens: int | None = None) -> None:
         self.checkpoint = Path(checkpoint)
@@ -93,6 +114,9 @@ class RequestBuilder:
         raise NotImplementedError
 
     def build(self, request: SpeechInput) -> BuiltRequest:
+        raise NotImplementedError
+
+    def build_chat(self, request: ChatInput) -> BuiltRequest:
         raise NotImplementedError
 
     def engine_modules(self, request: SpeechInput) -> tuple[str, ...]:

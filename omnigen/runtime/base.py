@@ -19,7 +19,13 @@ from omnigen.runtime.outputs import OmniOutput, as_omni_output, restore_flattene
 from omnigen.runtime.serialization import deserialize_additional_information, inline_payload
 
 
-class OmniRunnerBase:
+class OmniStateBase:
+    """The per-request omni state and bookkeeping every target keeps, whatever runs the step: the
+    V1 runner (``OmniRunnerBase``) and the V2 target's model state
+    (``omnigen.runtime.v2.OmniModelStateV2``) both hold it. ``requests`` is the target's map of
+    request records (vLLM's ``CachedRequestState`` on V1, omnigen's own record on V2), each with
+    ``sampling_params``, ``mm_features`` and the buffer mirror ``additional_information_cpu``."""
+
     OMNI_MODEL: ClassVar[str] = ""
     OMNI_STAGE: ClassVar[str] = ""
     GPU_RESIDENT_KEYS: ClassVar[frozenset[tuple[str, str]]] = frozenset()
@@ -90,6 +96,17 @@ class OmniRunnerBase:
             for payload in new_request_payloads(new_req):
                 self._update_intermediate_buffer(new_req.req_id, payload)
 
+    def _merge_new_request_payloads(self, new_req: Any) -> None:
+        """Merge the payloads one new request arrives with (4.2): its buffer dict, decoded infos,
+        and the payload it carries in ``SamplingParams.extra_args`` (a handle is read once)."""
+        for payload in new_request_payloads(new_req):
+            self._update_intermediate_buffer(new_req.req_id, payload)
+
+    def _merge_cached_request_payloads(self, scheduler_output: Any) -> None:
+        """Merge the payloads the scheduler sends for cached requests this step (4.2)."""
+        for req_id, payload in cached_request_payloads(scheduler_output):
+            self._update_intermediate_buffer(req_id, payload)
+
     def _update_streaming_input_additional_info(self, new_req_data: Any, req_id: str) -> None:
         """A request re-admitted with more streaming input: merge, mark resumable, mirror (4.4)."""
         incoming = getattr(new_req_data, "model_intermediate_buffer", None)
@@ -130,51 +147,6 @@ class OmniRunnerBase:
             f"extract_multimodal_outputs: invalid hidden states type {type(hidden_states).__name__}; "
             "expected OmniOutput, torch.Tensor, IntermediateTensors, tuple or list"
         )
-
-    # -- 1.1, 7.1-7.3 The forward output inside vLLM's step -----------------------------------
-
-    def execute_model(self, scheduler_output: Any, intermediate_tensors: Any = None) -> Any:
-        # Inside vLLM's own step the forward output must be what vLLM samples from.
-        self._omni_in_engine_step = True
-        self._omni_step = None
-        self.omni_step_payloads = {}
-        try:
-            return super().execute_model(scheduler_output, intermediate_tensors)  # type: ignore[misc]
-        finally:
-            self._omni_in_engine_step = False
-
-    def _omni_hand_back(self, output: Any) -> Any:
-        """Keep the forward output; inside vLLM's step, give vLLM the text hidden states.
-
-        Called directly (tests, other callers), ``_model_forward`` returns the ``OmniOutput``
-        itself (1.1). Inside vLLM's ``execute_model``, which indexes hidden states by token, the
-        step's rows, text hidden states and payload are kept for after sampling
-        (``_finish_step``), and vLLM gets the text hidden states: for a generation stage
-        without any, an empty-width tensor of one row per token (nothing is sampled from it).
-        """
-        self._omni_last_model_output = output
-        if not self.__dict__.get("_omni_in_engine_step", False):
-            return output
-        # A stage without multimodal outputs may still get vllm-omni's envelope (Qwen2.5-Omni's
-        # thinker returns one with no payload): vLLM must get its text hidden states all the same.
-        output = as_omni_output(output)
-        if isinstance(output, OmniOutput):
-            hidden, payload = output.text_hidden_states, output.multimodal_outputs
-        else:
-            hidden, payload = output, None
-        step = self._omni_step = step_outputs.snapshot(self, hidden, payload)
-        if hidden is None:
-            return torch.empty((step.bounds[-1], 0), device=self.device)
-        return hidden
-
-    def sample_tokens(self, grammar_output: Any = None) -> Any:
-        """vLLM's sampling, then what this stage does with the step's outputs (7.1, 7.2)."""
-        output = super().sample_tokens(grammar_output)  # type: ignore[misc]
-        step, self._omni_step = self.__dict__.get("_omni_step"), None
-        if step is None:
-            return output
-        self._finish_step(step)
-        return vllm_api.attach_step_payloads(output, self.published_step_payloads())
 
     def published_step_payloads(self) -> dict[str, dict[str, Any]]:
         """The rows of this step's payloads that the stage publishes, per request (8.1)."""
@@ -238,6 +210,58 @@ class OmniRunnerBase:
             self._pending_full_payload_send.pop(req_id, None)
             self._local_stage_payload_cache.pop(req_id, None)
 
+
+class OmniRunnerBase(OmniStateBase):
+    """The V1 target's contract pieces: a mixin placed before vLLM's V1 runner class in each
+    generated runner (``class Qwen3OmniTalkerRunner(OmniRunnerBase, GPUModelRunner)``): the
+    omni state of ``OmniStateBase`` plus the V1 seams (the forward output inside vLLM's step,
+    sampling, finished requests, dummy runs)."""
+
+    # -- 1.1, 7.1-7.3 The forward output inside vLLM's step -----------------------------------
+
+    def execute_model(self, scheduler_output: Any, intermediate_tensors: Any = None) -> Any:
+        # Inside vLLM's own step the forward output must be what vLLM samples from.
+        self._omni_in_engine_step = True
+        self._omni_step = None
+        self.omni_step_payloads = {}
+        try:
+            return super().execute_model(scheduler_output, intermediate_tensors)  # type: ignore[misc]
+        finally:
+            self._omni_in_engine_step = False
+
+    def _omni_hand_back(self, output: Any) -> Any:
+        """Keep the forward output; inside vLLM's step, give vLLM the text hidden states.
+
+        Called directly (tests, other callers), ``_model_forward`` returns the ``OmniOutput``
+        itself (1.1). Inside vLLM's ``execute_model``, which indexes hidden states by token, the
+        step's rows, text hidden states and payload are kept for after sampling
+        (``_finish_step``), and vLLM gets the text hidden states: for a generation stage
+        without any, an empty-width tensor of one row per token (nothing is sampled from it).
+        """
+        self._omni_last_model_output = output
+        if not self.__dict__.get("_omni_in_engine_step", False):
+            return output
+        # A stage without multimodal outputs may still get vllm-omni's envelope (Qwen2.5-Omni's
+        # thinker returns one with no payload): vLLM must get its text hidden states all the same.
+        output = as_omni_output(output)
+        if isinstance(output, OmniOutput):
+            hidden, payload = output.text_hidden_states, output.multimodal_outputs
+        else:
+            hidden, payload = output, None
+        step = self._omni_step = step_outputs.snapshot(self, hidden, payload)
+        if hidden is None:
+            return torch.empty((step.bounds[-1], 0), device=self.device)
+        return hidden
+
+    def sample_tokens(self, grammar_output: Any = None) -> Any:
+        """vLLM's sampling, then what this stage does with the step's outputs (7.1, 7.2)."""
+        output = super().sample_tokens(grammar_output)  # type: ignore[misc]
+        step, self._omni_step = self.__dict__.get("_omni_step"), None
+        if step is None:
+            return output
+        self._finish_step(step)
+        return vllm_api.attach_step_payloads(output, self.published_step_payloads())
+
     def _on_request_state_removed(self, req_id: str, req_state: Any) -> None:
         # vLLM's _update_states calls this for each finished request it drops.
         super()._on_request_state_removed(req_id, req_state)  # type: ignore[misc]
@@ -262,19 +286,25 @@ class _TextHiddenStates:
         object.__setattr__(self, "_model", model)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        output = as_omni_output(restore_flattened_omni_output(self._model(*args, **kwargs)))
-        if not isinstance(output, OmniOutput):
-            return output
-        if output.text_hidden_states is None:
-            # A generation stage has no text hidden states; vLLM still indexes one row per token.
-            tokens = kwargs.get("input_ids")
-            if tokens is None:
-                tokens = kwargs.get("inputs_embeds")
-            return torch.empty((int(tokens.shape[0]), 0), device=tokens.device)
-        return output.text_hidden_states
+        return dummy_run_hidden_states(self._model(*args, **kwargs), kwargs)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._model, name)
+
+
+def dummy_run_hidden_states(output: Any, kwargs: dict[str, Any]) -> Any:
+    """What vLLM's profile, warm-up and graph-capture runs get from a forward: the text hidden
+    states of an ``OmniOutput`` (an empty-width tensor of one row per token for a generation
+    stage, which has none: vLLM still indexes one row per token), anything else as it is."""
+    output = as_omni_output(restore_flattened_omni_output(output))
+    if not isinstance(output, OmniOutput):
+        return output
+    if output.text_hidden_states is None:
+        tokens = kwargs.get("input_ids")
+        if tokens is None:
+            tokens = kwargs.get("inputs_embeds")
+        return torch.empty((int(tokens.shape[0]), 0), device=tokens.device)
+    return output.text_hidden_states
 
 
 def _is_published(key: str, keys: frozenset[str]) -> bool:
@@ -332,4 +362,4 @@ def _host_outputs(entries: list[dict[str, Any] | None] | None) -> list[dict[str,
     ]
 
 
-__all__ = ["OmniOutput", "OmniRunnerBase", "cached_request_payloads", "new_request_payloads"]
+__all__ = ["OmniOutput", "OmniRunnerBase", "OmniStateBase", "cached_request_payloads", "new_request_payloads"]

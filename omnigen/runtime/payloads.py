@@ -52,3 +52,13 @@ def materialize(entry: PendingPayload) -> tuple[dict[str, Any], Any]:
     for key, tensors in entry.chunks.items():
         payload[key] = tensors[0] if len(tensors) == 1 else torch.cat(tensors, dim=0)
     return payload, entry.request
+
+
+def compact(entry: PendingPayload) -> dict[str, Any]:
+    """The payload so far, keeping each key's rows as one tensor from now on: a streaming
+    request's payload is materialized at every publishing point, each time from one piece."""
+    for key, tensors in entry.chunks.items():
+        if len(tensors) > 1:
+            entry.chunks[key] = [torch.cat(tensors, dim=0)]
+    payload, _ = materialize(entry)
+    return payload

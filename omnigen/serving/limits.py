@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from omnigen.glue.types import min_producer_tokens, next_prompt_bound
+from omnigen.glue.types import min_producer_tokens, next_prompt_bound, reads_producer_prompt
 from omnigen.requests.base import BuiltRequest, RequestError
 
 log = logging.getLogger("omnigen.serving")
@@ -35,6 +35,8 @@ class StageLimits:
     """The glue bound of the edge into this stage (None: the first stage, or a glue without one)."""
     min_producer_tokens: int = 1
     """The fewest tokens the previous stage must sample for this stage's prompt not to be empty."""
+    bound_reads_producer_prompt: bool = False
+    """The bound also takes the previous stage's prompt ids (None where they are not known)."""
 
 
 def stage_limits(stages: list[Any], kv_cache_groups: list[int | None]) -> list[StageLimits]:
@@ -57,6 +59,7 @@ def stage_limits(stages: list[Any], kv_cache_groups: list[int | None]) -> list[S
                 max_prompt_tokens=longest,
                 prompt_bound=next_prompt_bound(previous.glue) if previous is not None else None,
                 min_producer_tokens=min_producer_tokens(previous.glue) if previous is not None else 1,
+                bound_reads_producer_prompt=previous is not None and reads_producer_prompt(previous.glue),
             )
         )
     for earlier, limits in zip(stages, found[1:], strict=False):
@@ -73,9 +76,15 @@ def stage_limits(stages: list[Any], kv_cache_groups: list[int | None]) -> list[S
 
 
 def check_request(
-    limits: list[StageLimits], stages: list[Any], built: BuiltRequest, sampling: Mapping[str, Any]
+    limits: list[StageLimits],
+    stages: list[Any],
+    built: BuiltRequest,
+    sampling: Mapping[str, Any],
+    *,
+    prompt_field: str = "input",
 ) -> None:
-    """Refuse ``built`` (with ``sampling``, stage -> SamplingParams) if any stage could not take it."""
+    """Refuse ``built`` (with ``sampling``, stage -> SamplingParams) if any stage could not take it;
+    ``prompt_field``: the request field a too-long prompt is blamed on (``messages`` for a chat)."""
     first = limits[0]
     ids = built.prompt.get("prompt_token_ids")
     if ids is not None:
@@ -84,7 +93,7 @@ def check_request(
         _check_ids(ids, first)
         if len(ids) > first.max_prompt_tokens:
             raise RequestError(
-                "input",
+                prompt_field,
                 f"the prompt is {len(ids)} tokens; stage {first.stage!r} takes at most {first.max_prompt_tokens}",
             )
     prompt_len = len(ids) if ids is not None else None
@@ -106,16 +115,32 @@ def check_request(
                     f"{following.stage!r} any input; send max_tokens of at least {least}",
                 )
             raise RequestError(
-                "input",
+                prompt_field,
                 f"the prompt leaves stage {stage.stage!r} room for {budget} of the {least} tokens "
                 f"stage {following.stage!r} needs; shorten it to at most {stage.max_model_len - least} tokens",
             )
 
         def longest(
-            tokens: int, bound: Any = following.prompt_bound, hf_config: Any = runtime.hf_config
-        ) -> int:
+            tokens: int,
+            bound: Any = following.prompt_bound,
+            hf_config: Any = runtime.hf_config,
+            reads_prompt: bool = following.bound_reads_producer_prompt,
+            producer_prompt: Any = ids if index == 0 else None,
+        ) -> int | None:
+            if reads_prompt:
+                found = bound(tokens, built.payload, hf_config, producer_prompt)
+                return None if found is None else int(found)
             return int(bound(tokens, built.payload, hf_config))
 
+        if longest(budget) is None:
+            return  # the bound needs the producer's prompt ids, which are not known here
+        shortest = longest(following.min_producer_tokens)
+        if shortest is not None and shortest > following.max_prompt_tokens:
+            raise RequestError(
+                prompt_field,
+                f"the request becomes at least {shortest} prompt tokens of stage {following.stage!r}, "
+                f"which takes at most {following.max_prompt_tokens} whatever max_tokens says; shorten it",
+            )
         if longest(budget) > following.max_prompt_tokens:
             fits = _largest_budget(longest, budget, following.max_prompt_tokens)
             raise RequestError(

@@ -61,6 +61,8 @@ class PipelineOutput:
     """What each stage with ``final_output: text`` wrote."""
     token_ids: dict[str, list[int]] = field(default_factory=dict)
     """Each stage's sampled token ids."""
+    finish_reasons: dict[str, str | None] = field(default_factory=dict)
+    """Why each stage's request finished (vLLM's ``finish_reason``: ``stop``, ``length``)."""
     payloads: dict[str, dict[str, Any]] = field(default_factory=dict)
     """What each stage published (CONTRACT 8.1), dotted keys to CPU tensors."""
     audio: Any = None
@@ -108,6 +110,8 @@ class Pipeline:
         self._entry_transport = transports.transport_for("inline")
         self.payload_bytes: dict[str, int] = {}
         """Payload bytes handed to each transport (inline, shm), for the server's metrics."""
+        self.stream_windows = 0
+        """Windows submitted to a streaming edge's consumer so far (``omnigen.serving.streaming``)."""
         self.limits: list[StageLimits] = []
         """Each stage's limits (``omnigen.serving.limits``), read from its engine at start."""
         self._previous_sigterm: Any = None
@@ -124,9 +128,11 @@ class Pipeline:
         sampling: Mapping[str, Any] | None = None,
         request_id: str | None = None,
         payload: Mapping[str, Any] | None = None,
+        *,
+        last_stage: str | None = None,
     ) -> concurrent.futures.Future[PipelineOutput]:
         """``generate_async`` in the pipeline's loop (``mp``); cancelling the future aborts the request."""
-        return self.run(self.generate_async(prompt, sampling, request_id, payload))
+        return self.run(self.generate_async(prompt, sampling, request_id, payload, last_stage=last_stage))
 
     def run(self, coroutine: Coroutine[Any, Any, T]) -> concurrent.futures.Future[T]:
         """Run ``coroutine`` in the pipeline's loop (``mp`` mode)."""
@@ -228,21 +234,36 @@ class Pipeline:
 
     # -- requests ------------------------------------------------------------------------
 
+    def stages_until(self, last_stage: str | None) -> list[StageRuntime]:
+        """The stages a request runs: every stage, or the first ones up to ``last_stage``."""
+        if last_stage is None:
+            return list(self.stages)
+        names = [runtime.plan.stage for runtime in self.stages]
+        if last_stage not in names:
+            raise PipelineError(
+                f"{self.plan.name} has no stage {last_stage!r}; its stages: {', '.join(names)}"
+            )
+        return list(self.stages[: names.index(last_stage) + 1])
+
     def generate(
         self,
         prompts: Sequence[Mapping[str, Any]],
         sampling: Mapping[str, Any] | None = None,
         request_ids: Sequence[str] | None = None,
         payloads: Sequence[Mapping[str, Any] | None] | None = None,
+        *,
+        last_stage: str | None = None,
     ) -> list[PipelineOutput]:
-        """Every prompt through every stage; ``sampling``: stage -> ``SamplingParams``;
-        ``payloads``: what each request's first stage receives with its prompt (the request
-        builder's payload), or None."""
+        """Every prompt through every stage (or up to ``last_stage``); ``sampling``: stage ->
+        ``SamplingParams``; ``payloads``: what each request's first stage receives with its
+        prompt (the request builder's payload), or None."""
         request_ids = list(request_ids or (uuid.uuid4().hex for _ in prompts))
         payloads = list(payloads) if payloads is not None else [None] * len(prompts)
         if self.mode == "mp":
-            return self.run(self._generate_all_async(prompts, sampling, request_ids, payloads)).result()
-        return self._generate_inproc(prompts, sampling or {}, request_ids, payloads)
+            return self.run(
+                self._generate_all_async(prompts, sampling, request_ids, payloads, last_stage)
+            ).result()
+        return self._generate_inproc(prompts, sampling or {}, request_ids, payloads, last_stage)
 
     def _generate_inproc(
         self,
@@ -250,12 +271,14 @@ class Pipeline:
         sampling: Mapping[str, Any],
         request_ids: list[str],
         payloads: Sequence[Mapping[str, Any] | None],
+        last_stage: str | None = None,
     ) -> list[PipelineOutput]:
+        stages = self.stages_until(last_stage)
         results = [PipelineOutput(request_id=rid) for rid in request_ids]
         inputs: list[dict[str, Any]] = [dict(p) for p in prompts]
         carried = [self._entry(rid, payload) for rid, payload in zip(request_ids, payloads, strict=True)]
         try:
-            for index, runtime in enumerate(self.stages):
+            for index, runtime in enumerate(stages):
                 name = runtime.plan.stage
                 params = [self._params(runtime, sampling, c.handle) for c in carried]
                 started = time.perf_counter()
@@ -263,7 +286,7 @@ class Pipeline:
                 spent = time.perf_counter() - started
                 self.stage_seconds[name] += spent
                 log.info("%s: %d requests in %.3f s", name, len(outs), spent)
-                if index + 1 == len(self.stages):
+                if index + 1 == len(stages):
                     for result, out in zip(results, outs, strict=True):
                         result.seconds[name] = spent
                         self._record(result, runtime, out)
@@ -287,11 +310,12 @@ class Pipeline:
         sampling: Mapping[str, Any] | None,
         request_ids: list[str],
         payloads: Sequence[Mapping[str, Any] | None],
+        last_stage: str | None = None,
     ) -> list[PipelineOutput]:
         return list(
             await asyncio.gather(
                 *(
-                    self.generate_async(p, sampling, rid, payload)
+                    self.generate_async(p, sampling, rid, payload, last_stage=last_stage)
                     for p, rid, payload in zip(prompts, request_ids, payloads, strict=True)
                 )
             )
@@ -303,31 +327,26 @@ class Pipeline:
         sampling: Mapping[str, Any] | None = None,
         request_id: str | None = None,
         payload: Mapping[str, Any] | None = None,
+        *,
+        last_stage: str | None = None,
     ) -> PipelineOutput:
-        """One request through every stage (``mp`` mode); cancelling it aborts it in every stage."""
+        """One request through every stage, or up to ``last_stage`` (``mp`` mode); cancelling it
+        aborts it in every stage."""
         if self.mode != "mp":
             raise PipelineError("generate_async needs a pipeline started with mode='mp'")
         sampling = sampling or {}
+        stages = self.stages_until(last_stage)
         result = PipelineOutput(request_id=request_id or uuid.uuid4().hex)
         current: dict[str, Any] = dict(prompt)
         got = self._entry(result.request_id, payload)
         active: StageRuntime | None = None
         try:
-            for index, runtime in enumerate(self.stages):
+            for index, runtime in enumerate(stages):
                 active = runtime
-                name = runtime.plan.stage
-                params = self._params(runtime, sampling, got.handle)
-                started = time.perf_counter()
-                final = None
-                async for out in runtime.engine.generate(current, params, f"{result.request_id}-{name}"):
-                    final = out
-                spent = time.perf_counter() - started
-                result.seconds[name] = spent
-                self.stage_seconds[name] += spent
-                if final is None or not final.finished:
-                    raise PipelineError(f"stage {name!r}: request {result.request_id!r} did not finish")
-                self._record(result, runtime, final)
-                if index + 1 < len(self.stages):
+                final = await self.run_stage_async(
+                    runtime, current, self._params(runtime, sampling, got.handle), result
+                )
+                if index + 1 < len(stages):
                     current, got = self._handoff(runtime, result.request_id, final, prompt, got)
             active = None
         except BaseException:
@@ -337,6 +356,23 @@ class Pipeline:
             _drop(got.handle)
             raise
         return result
+
+    async def run_stage_async(
+        self, runtime: StageRuntime, prompt: Mapping[str, Any], params: Any, result: PipelineOutput
+    ) -> Any:
+        """One stage's request to its end (``mp``): its final ``RequestOutput``, recorded in ``result``."""
+        name = runtime.plan.stage
+        started = time.perf_counter()
+        final = None
+        async for out in runtime.engine.generate(prompt, params, f"{result.request_id}-{name}"):
+            final = out
+        spent = time.perf_counter() - started
+        result.seconds[name] = spent
+        self.stage_seconds[name] += spent
+        if final is None or not final.finished:
+            raise PipelineError(f"stage {name!r}: request {result.request_id!r} did not finish")
+        self._record(result, runtime, final)
+        return final
 
     # -- between stages ------------------------------------------------------------------
 
@@ -373,6 +409,7 @@ class Pipeline:
         if completion.finish_reason == "abort":
             raise PipelineError(f"stage {name!r}: request {result.request_id!r} was aborted")
         result.token_ids[name] = list(completion.token_ids)
+        result.finish_reasons[name] = completion.finish_reason
         stats = getattr(out, "metrics", None)
         if stats is not None and getattr(stats, "scheduled_ts", 0.0) > 0.0:
             result.queued_seconds[name] = max(stats.scheduled_ts - stats.queued_ts, 0.0)
@@ -389,19 +426,7 @@ class Pipeline:
     ) -> tuple[dict[str, Any], Carried]:
         """The next stage's prompt and its payload's handle, from a finished producer request."""
         name = runtime.plan.stage
-        completion = out.outputs[0]
-        source = StageResult(
-            request_id=request_id,
-            prompt_token_ids=list(out.prompt_token_ids or []),
-            output_token_ids=list(completion.token_ids),
-            payload=stage_payload(out),
-            text=completion.text or "",
-            finish_reason=completion.finish_reason,
-            stop_reason=completion.stop_reason,
-            input_payload=got.payload,
-            user_prompt=dict(prompt),
-            hf_config=runtime.hf_config,
-        )
+        source = stage_result(runtime, request_id, out, prompt, got)
         try:
             made: NextStageInput = runtime.glue(source)
         except GlueError as exc:
@@ -417,6 +442,31 @@ class Pipeline:
         if next_handle:
             self._count_payload(next_handle)
         return next_prompt, Carried(handle=next_handle, payload=made.payload)
+
+
+def stage_result(
+    runtime: StageRuntime,
+    request_id: str,
+    out: Any,
+    prompt: Mapping[str, Any],
+    got: Carried,
+    payload: Mapping[str, Any] | None = None,
+) -> StageResult:
+    """What a glue function sees of a producer's request: its ``RequestOutput`` ``out`` (finished,
+    or for a streaming edge the latest so far, with ``payload`` the payload published so far)."""
+    completion = out.outputs[0]
+    return StageResult(
+        request_id=request_id,
+        prompt_token_ids=list(out.prompt_token_ids or []),
+        output_token_ids=list(completion.token_ids),
+        payload=stage_payload(out) if payload is None else payload,
+        text=completion.text or "",
+        finish_reason=completion.finish_reason,
+        stop_reason=completion.stop_reason,
+        input_payload=got.payload,
+        user_prompt=dict(prompt),
+        hf_config=runtime.hf_config,
+    )
 
 
 def _glue_function(name: str) -> Any:

@@ -21,7 +21,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from omnigen.plan import ModelPlan
-from omnigen.requests.base import BuiltRequest, RequestBuilder, RequestError, SpeechInput
+from omnigen.requests.base import BuiltRequest, ChatInput, RequestBuilder, RequestError, SpeechInput
 
 TINY_PREFIX = "omnigen_tiny:"
 BYTE_TOKEN_OFFSET = 10
@@ -53,6 +53,8 @@ class Settings:
     port: int
     stage_sampling: dict[str, dict[str, Any]] = field(default_factory=dict)
     """Per stage, the ``SamplingParams`` fields of ``serve.sampling`` (checked)."""
+    stream: bool = False
+    """``omnigen run`` writes the audio as it is made (``serve.stream``)."""
     builder: RequestBuilder | None = None
     """The model's request builder, made from the first stage's checkpoint; None: text as given."""
     request_options: dict[str, Any] = field(default_factory=dict)
@@ -114,6 +116,7 @@ def read_settings(cfg: DictConfig, plan: ModelPlan) -> Settings:
         prompt=serve["prompt"],
         prompt_token_ids=serve["prompt_token_ids"],
         output=serve["output"],
+        stream=_stream_setting(serve["stream"], plan),
         host=serve["host"],
         port=serve["port"],
         stage_sampling={stage: dict(serve["sampling"].get(stage) or {}) for stage in stages},
@@ -152,7 +155,9 @@ def _stage_model(serve: dict[str, Any], stage: str) -> str | None:
 def _sampling_problems(sampling: dict[str, Any]) -> list[str]:
     from vllm import SamplingParams
 
-    known = set(inspect.signature(SamplingParams).parameters) - {"self", "n", "seed", "extra_args"}
+    # ``seed`` is a stage's default seed (vllm-omni deploys Qwen3-Omni's talker with one); a
+    # request's own seed replaces it where the request's seed applies.
+    known = set(inspect.signature(SamplingParams).parameters) - {"self", "n", "extra_args"}
     problems = []
     for stage, fields in sampling.items():
         for name in sorted(set(fields or {}) - known):
@@ -235,6 +240,13 @@ def build_request(
 
     ``from_network``: the request came over HTTP, so a local ``ref_audio`` file is read only
     under ``serve.allowed_local_media_path`` (``omnigen run``'s own files are the user's)."""
+    if settings.builder is not None and settings.builder.api == "chat":
+        raise RequestError(
+            "input",
+            f"{settings.model} is a chat model: /v1/audio/speech and /v1/omnigen/generate serve "
+            'dedicated speech models; send its messages to POST /v1/chat/completions (with "modalities": '
+            '["text", "audio"] for speech)',
+        )
     if token_ids is not None:
         if settings.builder is not None:
             raise RequestError(
@@ -268,6 +280,18 @@ def build_request(
         return settings.builder.build(speech)
     _refuse_model_options(speech, settings.model)
     return BuiltRequest(prompt=prompt_of(settings, speech.input, None), max_tokens=speech.max_new_tokens)
+
+
+def build_chat_request(settings: Settings, chat: ChatInput) -> BuiltRequest:
+    """The first stage's prompt and payload for one chat request (``RequestError`` names a bad
+    field); a model whose builder takes no chat messages is refused, naming what it takes."""
+    builder = settings.builder
+    if builder is None or builder.api != "chat":
+        takes = "speech requests (POST /v1/audio/speech)" if builder is not None else "text or token ids"
+        raise RequestError(
+            "messages", f"{settings.model} has no chat request builder: it takes {takes}, not chat messages"
+        )
+    return builder.build_chat(chat)
 
 
 def _ref_audio_allowed(settings: Settings, source: str) -> bool:
@@ -310,12 +334,20 @@ def sampling_of(
     seed: int | None,
     max_tokens: int | None = None,
     first_stage: dict[str, Any] | None = None,
+    *,
+    later_stages: dict[str, dict[str, Any]] | None = None,
+    request_first_stage_only: bool = False,
 ) -> dict[str, Any]:
     """Each stage's ``SamplingParams`` for one request (a generation stage: one placeholder token).
 
-    Per autoregressive stage: ``serve.max_tokens``/``temperature``, then ``serve.sampling.STAGE``,
-    then the request's own token budget and seed; ``first_stage`` adds what the request builder
-    asks of the first stage (its stop ids, ...)."""
+    Per autoregressive stage: ``serve.max_tokens``/``temperature``, then ``serve.sampling.STAGE``
+    (a ``seed`` there is the stage's default), then the request's own token budget and seed;
+    ``first_stage`` adds what the request builder asks of the first stage (its stop ids, ...),
+    ``later_stages`` what it asks of later ones. The request's token budget and seed (also its
+    code predictor's, ``tts_local_seed``) go to every autoregressive stage, or with
+    ``request_first_stage_only`` to the first one only: a chat request's budget and seed are its
+    text's (vllm-omni's chat serving overrides the first stage's sampling only); the later stages
+    keep their configured ones."""
     from vllm import SamplingParams
 
     detokenize = settings.tokenizer == "model"
@@ -333,11 +365,29 @@ def sampling_of(
         }
         if index == 0:
             fields.update(first_stage or {})
-        if max_tokens is not None:
-            fields["max_tokens"] = max_tokens
+            if max_tokens is not None:
+                fields["max_tokens"] = max_tokens
+        else:
+            fields.update((later_stages or {}).get(stage.stage, {}))
+            if max_tokens is not None and not request_first_stage_only:
+                fields["max_tokens"] = max_tokens
         if fields.get("min_tokens", 0) > fields["max_tokens"]:
             fields["min_tokens"] = fields["max_tokens"]  # a shorter budget than the floor: the budget wins
+        stage_seed = fields.pop("seed", None)
+        own = seed if (index == 0 or not request_first_stage_only) else None
         found[stage.stage] = SamplingParams(
-            **fields, seed=seed, extra_args=None if seed is None else {"tts_local_seed": seed}
+            **fields,
+            seed=own if own is not None else stage_seed,
+            extra_args=None if own is None else {"tts_local_seed": own},
         )
     return found
+
+
+def _stream_setting(stream: bool, plan: ModelPlan) -> bool:
+    """``serve.stream`` needs a streaming edge into the audio stage: refused otherwise, never ignored."""
+    if stream and not any(stage.stream is not None for stage in plan.stages):
+        raise SettingsError(
+            f"serve.stream: {plan.name} has no streaming edge (no stage sets stream.enabled); set "
+            "model.stages.STAGE.stream in its config, or drop serve.stream"
+        )
+    return bool(stream)

@@ -1,9 +1,11 @@
 """Write a tiny checkpoint folder shaped like a released one (random weights in safetensors).
 
     .venv/bin/python -m tests.checkpoints qwen3_tts --variant custom_voice --out /tmp/q3tts [--seed 0]
+    .venv/bin/python -m tests.checkpoints higgs_audio_v3 --out /tmp/higgs [--seed 0]
+    .venv/bin/python -m tests.checkpoints qwen3_omni --out /tmp/q3omni [--seed 0]
 
 Run from the repository root. The folder then loads through vLLM's real weight loader
-(``load_format="safetensors"``); see ``tests/checkpoints/qwen3_tts.py`` for what it mirrors.
+(``load_format="safetensors"``); see ``tests/checkpoints/<model>.py`` for what it mirrors.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ def _summary(folder: Path) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from tests.checkpoints import qwen3_tts
+    from tests.checkpoints import higgs_audio_v3, qwen3_omni, qwen3_tts
 
     parser = argparse.ArgumentParser(
         prog="python -m tests.checkpoints",
@@ -51,10 +53,31 @@ def main(argv: list[str] | None = None) -> int:
     )
     q3.add_argument("--out", required=True, type=Path, help="the folder to write (created if missing)")
     q3.add_argument("--seed", type=int, default=0, help="weight seed (default: %(default)s)")
+    higgs = models.add_parser(
+        "higgs_audio_v3",
+        help="Higgs Audio v3 (one folder for the talker and code2wav stages, the codec bundled, as released)",
+        description=higgs_audio_v3.__doc__.split("\n\n")[0],
+    )
+    higgs.add_argument("--out", required=True, type=Path, help="the folder to write (created if missing)")
+    higgs.add_argument("--seed", type=int, default=0, help="weight seed (default: %(default)s)")
+    omni = models.add_parser(
+        "qwen3_omni",
+        help="Qwen3-Omni-30B-A3B (one folder for the thinker, talker and code2wav stages, as released)",
+        description=qwen3_omni.__doc__.split("\n\n")[0],
+    )
+    omni.add_argument("--out", required=True, type=Path, help="the folder to write (created if missing)")
+    omni.add_argument("--seed", type=int, default=0, help="weight seed (default: %(default)s)")
     args = parser.parse_args(argv)
 
-    folder = qwen3_tts.write_qwen3_tts(args.out, variant=args.variant, seed=args.seed)
-    print(f"wrote {args.model} ({args.variant}, seed {args.seed}) to {folder}")
+    if args.model == "qwen3_omni":
+        folder = qwen3_omni.write_qwen3_omni(args.out, seed=args.seed)
+        print(f"wrote {args.model} (seed {args.seed}) to {folder}")
+    elif args.model == "higgs_audio_v3":
+        folder = higgs_audio_v3.write_higgs_audio_v3(args.out, seed=args.seed)
+        print(f"wrote {args.model} (seed {args.seed}) to {folder}")
+    else:
+        folder = qwen3_tts.write_qwen3_tts(args.out, variant=args.variant, seed=args.seed)
+        print(f"wrote {args.model} ({args.variant}, seed {args.seed}) to {folder}")
     print("\n".join(_summary(folder)))
     return 0
 

@@ -69,29 +69,29 @@ established here: whether the released ``tokenizer_config.json`` carries a chat 
 (vllm-omni never applies one: it formats ``<|im_start|>assistant\n{text}<|im_end|>\n...`` itself,
 prompt_embeds_builder.py:73-81); the ChatML template written here renders the same role layout.
 
-Values: every tensor is drawn from its own ``torch.Generator`` seeded with (seed, crc32(name)),
-so a tensor's value depends only on the seed and its name (the talker's weights are the same in
-all three variants). Weights and biases ~ N(0, 0.05); norm weights 1 + N(0, 0.05); codebook usage
-counts U(0.5, 1.5) (the codebooks divide by them); ``initialized`` flags 1. At 0.05 the codec
-decoder's output stays well inside (-1, 1) (at N(0, 0.5) it saturates to +-1).
+Values (``tests/checkpoints/tensors.py``): every tensor is drawn from its own ``torch.Generator``
+seeded with (seed, crc32(name)), so a tensor's value depends only on the seed and its name (the
+talker's weights are the same in all three variants). Weights and biases ~ N(0, 0.05); norm
+weights 1 + N(0, 0.05); codebook usage counts U(0.5, 1.5) (the codebooks divide by them);
+``initialized`` flags 1. At 0.05 the codec decoder's output stays well inside (-1, 1) (at
+N(0, 0.5) it saturates to +-1).
 """
 
 from __future__ import annotations
 
 import copy
 import json
-import zlib
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from tests.checkpoints.tensors import write_tensors
 from tests.e2e.real.cases import qwen3_tts_talker as tiny
 
 VARIANTS = ("custom_voice", "voice_design", "base")
 ARCH = "Qwen3TTSForConditionalGeneration"
 TALKER_ARCH = tiny.ARCH
 CODE2WAV_ARCH = tiny.CODE2WAV_ARCH
-STD = 0.05
 
 # CustomVoice's speakers, as the release names them (lower case), ids above the language ids.
 SPEAKERS = {"vivian": 157, "ryan": 158, "dylan": 159}
@@ -367,34 +367,6 @@ def speech_tokenizer_tensor_shapes(config: Mapping[str, Any]) -> Shapes:
     }
 
 
-# --------------------------------------------------------------------------- values
-
-
-def draw(name: str, shape: Iterable[int], seed: int, dtype: Any = None) -> Any:
-    """The tensor called ``name``: a function of (seed, name, shape) only."""
-    import torch
-
-    shape = tuple(shape)
-    generator = torch.Generator().manual_seed((int(seed) * 1_000_003 + zlib.crc32(name.encode())) % 2**63)
-    leaf = name.rsplit(".", 1)[-1]
-    if leaf == "initialized":
-        value = torch.ones(shape)
-    elif leaf == "cluster_usage":
-        value = torch.rand(shape, generator=generator) + 0.5
-    elif name.endswith("norm.weight"):
-        value = 1.0 + torch.randn(shape, generator=generator) * STD
-    else:
-        value = torch.randn(shape, generator=generator) * STD
-    return value.to(dtype or torch.float32).contiguous()
-
-
-def _write_tensors(path: Path, shapes: Mapping[str, tuple[int, ...]], seed: int, dtype: Any) -> None:
-    from safetensors.torch import save_file
-
-    tensors = {name: draw(name, shape, seed, dtype) for name, shape in sorted(shapes.items())}
-    save_file(tensors, str(path), metadata={"format": "pt"})
-
-
 # --------------------------------------------------------------------------- text tokenizer
 
 
@@ -448,8 +420,8 @@ def write_qwen3_tts(folder: Path, variant: str = "custom_voice", seed: int = 0) 
 
     import torch
 
-    _write_tensors(folder / "model.safetensors", model_tensor_shapes(config), seed, torch.bfloat16)
-    _write_tensors(
+    write_tensors(folder / "model.safetensors", model_tensor_shapes(config), seed, torch.bfloat16)
+    write_tensors(
         speech / "model.safetensors", speech_tokenizer_tensor_shapes(speech_config), seed, torch.float32
     )
     return folder

@@ -49,6 +49,17 @@ def runner_class(model: str, stage: str, overrides: tuple[str, ...] = ()) -> typ
 
 
 @functools.cache
+def model_state_class(model: str, stage: str, overrides: tuple[str, ...] = ()) -> type:
+    """``omnigen.api.model_state_class``, once per variant."""
+    return api.model_state_class(model, stage, overrides)
+
+
+TARGETS = ("v1", "v2")
+"""The two generated targets of a stage: the V1 runner and the Model Runner V2 target. A clause
+that applies to both is tested on both (``rig(..., target=)``), through each target's own seam."""
+
+
+@functools.cache
 def stage_plan(model: str, stage: str, overrides: tuple[str, ...] = ()) -> Any:
     return api.stage_plan(model, stage, overrides)
 
@@ -87,6 +98,9 @@ class Variant:
         caps = {**MATRIX[self.model][self.stage], **dict(self.changes)}
         # The worker sets model_config.async_chunk from the model's async_chunk (CONTRACT 7.5).
         caps["model_config"] = {**caps["model_config"], "async_chunk": caps["async_chunk"]}
+        if self.changes:
+            # The Model Runner V2 keys follow from the others (the matrix header's rules).
+            caps.update(derived_v2_keys(caps))
         return caps
 
     @property
@@ -104,11 +118,47 @@ class Variant:
     def cls(self) -> type:
         return runner_class(self.model, self.stage, self.overrides)
 
+    def state_cls(self) -> type:
+        """The stage's generated Model Runner V2 model state (``<stage>_v2.py``)."""
+        return model_state_class(self.model, self.stage, self.overrides)
+
+    def runner_v2_cls(self) -> type:
+        return api.runner_v2_class(self.model, self.stage, self.overrides)
+
     @property
     def mtp_accepts_generators_when(self) -> dict[bool, bool]:
         """``{wrapped: batched call takes generators=[...]}``."""
         policy = self.caps["mtp_per_row_generators"]
         return {False: policy in ("always", "eager_only"), True: policy == "always"}
+
+
+def derived_v2_keys(caps: dict[str, Any]) -> dict[str, Any]:
+    """The spec matrix's ``v2_*`` keys of a stage, by the rules its header states."""
+    hooks = ["add_request", "preprocess_state", "prepare_inputs"]
+    if caps["preprocess_hook"]:
+        hooks.append("prepare_inputs_embeds")
+    if caps["talker_mtp"] and caps["mtp_graph"] == "safe":
+        hooks.append("capture_inner_cudagraphs")
+    if caps["sampler"] == "model":
+        hooks.append("custom_sampler")
+    reads = (
+        caps["preprocess_hook"],
+        caps["postprocess"] is not None,
+        caps["kind"] == "generation",
+        caps["decode_step_metadata"],
+        caps["make_omni_output"],
+        caps["multimodal_outputs"],
+    )
+    return {
+        "v2_state_hooks": hooks,
+        "v2_full_graph": "narrowed"
+        if caps["multimodal_outputs"] and not caps["make_omni_output"]
+        else "kept",
+        "v2_jit_warmup": not any(reads),
+        "v2_rope_state": "text_only"
+        if caps["mrope_fallback"]
+        else ("filtered_kwargs" if caps["mrope"] else "default"),
+    }
 
 
 def shipped(pred=lambda caps: True) -> list[Variant]:
@@ -484,10 +534,18 @@ class FakeForwardContext:
 class FakeGraphWrapper:
     """The platform's full-graph wrapper, as the generated code builds it."""
 
+    CAPTURED = (1, 2, 4, 8, 16, 32)
+    """The sizes it holds a captured graph for (``concrete_cudagraph_entries``, what V2's
+    predictor dispatch reads), as ``FakeDeterminer`` pads to on V1."""
+
     def __init__(self, runnable: Any, vllm_config: Any, runtime_mode: Any = None, **kwargs: Any) -> None:
         self.runnable = runnable
         self.vllm_config = vllm_config
         self.runtime_mode = runtime_mode
+        self.concrete_cudagraph_entries = {
+            BatchDescriptor(num_tokens=size, num_reqs=size, uniform=True): SimpleNamespace(cudagraph=object())
+            for size in self.CAPTURED
+        }
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         return self.runnable(*args, **kwargs)
@@ -689,6 +747,14 @@ class FakeModel:
         text = torch.stack([torch.full((self.hidden,), 10.0 * t + 5) for t in tags])
         return ids, embeds, hidden, text, updates
 
+    def embed_input_ids(self, input_ids):
+        """The embeddings ``Step`` writes for these ids (``-tag`` for ``token_id(tag, j)``, ``k``
+        for the hand-made offsets' ``5000 + k``): what V2 embeds before the rows' hooks run
+        (the V1 runner hands the hooks the persistent buffer as the step left it)."""
+        ids = input_ids.reshape(-1).to(torch.float32)
+        values = torch.where(ids >= 5000, ids - 5000, -torch.div(ids, 100, rounding_mode="floor"))
+        return values[:, None].expand(-1, self.hidden).clone()
+
     def preprocess_batch(self, req_ids, model_intermediate_buffer, device):
         self.recorder.add("preprocess_batch", {"req_ids": list(req_ids), "buffer": model_intermediate_buffer})
 
@@ -766,13 +832,45 @@ MTP_BUFFER_NAMES = ("talker_mtp_input_ids", "talker_mtp_inputs_embeds", "last_ta
 
 @dataclass
 class Rig:
-    """A runner over one step, with its fakes."""
+    """A target over one step, with its fakes. ``runner`` holds the omni state and runs the hooks:
+    the V1 runner, or the V2 target's model state."""
 
     runner: Any
     step: Step
     model: FakeModel
     recorder: Recorder
     predictor: FakePredictor | None
+    target: str = "v1"
+    v2: V2Step | None = None
+
+    def run_rows(self) -> None:
+        """The step's rows through the hooks, through the target's own seam: V1's
+        ``_preprocess_rows``; V2's ``preprocess_state`` then ``prepare_inputs_embeds`` on a V2
+        ``InputBatch`` over the same persistent ids and embeddings."""
+        if self.target == "v1":
+            self.runner._preprocess_rows(self.step.sched, self.step.ids(), self.step.embeds())
+            return
+        assert self.v2 is not None
+        self.runner.preprocess_state(self.v2.input_batch, (), None, None)
+        self.runner.prepare_inputs_embeds({}, self.v2.input_batch, self.v2.req_states)
+
+    def use_step(self, step: Step) -> None:
+        """The same target (its omni state as it is) over the next step."""
+        self.step = step
+        if self.target == "v1":
+            for name in ("input_batch", "query_start_loc", "input_ids", "inputs_embeds"):
+                setattr(self.runner, name, getattr(step, name))
+            return
+        self.v2 = v2_step_of(step)
+        self.runner.inputs_embeds = step.inputs_embeds.gpu
+        self.runner.input_ids = step.input_ids
+        self.runner.preprocess_state(self.v2.input_batch, (), None, None)
+
+    def mtp_forward(
+        self, req_ids: list[str], inputs_embeds: torch.Tensor, offsets: list[int] | None = None
+    ) -> None:
+        """The code predictor on the staged MTP rows (2.3); on V2 within a real step's rows."""
+        self.runner._talker_mtp_forward(req_ids, inputs_embeds, offsets)
 
 
 def rig(
@@ -786,19 +884,32 @@ def rig(
     predictor: FakePredictor | None = None,
     model_config: Any = None,
     requests: dict[str, Any] | None = None,
+    target: str = "v1",
 ) -> Rig:
     caps = variant.caps
     tags = {r.req_id: r.tag for r in step.rows}
     model = FakeModel(recorder, tags, hidden=step.hidden, mtp=caps["talker_mtp"], short=short)
-    runner = bare_runner(
-        variant.cls(),
-        model=model,
-        input_batch=step.input_batch,
-        query_start_loc=step.query_start_loc,
-        input_ids=step.input_ids,
-        inputs_embeds=step.inputs_embeds,
-        requests=requests if requests is not None else {r.req_id: request_state(r) for r in step.rows},
-    )
+    known = requests if requests is not None else {r.req_id: request_state(r) for r in step.rows}
+    v2_step = None
+    if target == "v1":
+        runner = bare_runner(
+            variant.cls(),
+            model=model,
+            input_batch=step.input_batch,
+            query_start_loc=step.query_start_loc,
+            input_ids=step.input_ids,
+            inputs_embeds=step.inputs_embeds,
+            requests=known,
+        )
+    else:
+        v2_step = v2_step_of(step)
+        runner = bare_state(
+            variant.state_cls(), model=model, inputs_embeds=step.inputs_embeds.gpu, requests=known
+        )
+        # What runner_state snapshots (the V1 names of the same persistent buffers).
+        runner.input_ids = step.input_ids
+        # V2 has handed the state the step's InputBatch (what the state reads its rows from).
+        runner.preprocess_state(v2_step.input_batch, (), None, None)
     for req_id, buf in (buffers or {}).items():
         runner.model_intermediate_buffer[req_id] = buf
         if req_id in runner.requests:
@@ -810,8 +921,127 @@ def rig(
         runner.talker_mtp = predictor
         runner.model.talker_mtp = predictor
         runner.vllm_config = SimpleNamespace(model_config=model_config or SimpleNamespace())
-        runner._determine_batch_execution_and_padding = FakeDeterminer(recorder)
-    return Rig(runner, step, model, recorder, predictor)
+        if target == "v1":
+            runner._determine_batch_execution_and_padding = FakeDeterminer(recorder)
+    return Rig(runner, step, model, recorder, predictor, target, v2_step)
+
+
+# -- the Model Runner V2 target ----------------------------------------------------------------
+
+
+def bare_state(cls: type, **attrs: Any) -> Any:
+    """``object.__new__(cls)`` of a generated V2 model state, with what ``OmniStateBase``,
+    ``OmniModelStateV2`` and vLLM's ``DefaultModelState`` set in ``__init__`` (a text model: no
+    encoder, rope or prompt-embeds state), plus ``attrs``."""
+    state = bare_runner(cls)
+    state.__dict__.update(
+        _omni_step=None,
+        omni_step_payloads={},
+        _omni_last_model_output=None,
+        _omni_batch=None,
+        _omni_forward_kwargs=None,
+        _omni_forward_pending=False,
+        _omni_decode_step_open=False,
+        _omni_inputs_embeds=None,
+        _omni_req_states=None,
+        _omni_preempted=set(),
+        input_batch=None,
+        query_start_loc=None,
+        supports_mm_inputs=False,
+        prompt_embeds_state=None,
+        rope_state=None,
+        mm_pruner=None,
+        encoder_cache=None,
+        device=CPU,
+        dtype=torch.float32,
+        max_num_reqs=MAX_REQS,
+        max_num_tokens=64,
+        compilation_config=SimpleNamespace(cudagraph_capture_sizes=[1, 2, 4, 8, 16, 32]),
+    )
+    for name, value in attrs.items():
+        setattr(state, name, value)
+    state.requests = {req_id: v2_record(request) for req_id, request in state.requests.items()}
+    return state
+
+
+def v2_record(request: Any) -> Any:
+    """The V2 target's registry record of a request (what its ``add_request`` keeps)."""
+    from omnigen.runtime.v2 import RequestRecord
+
+    if isinstance(request, RequestRecord) or request is None:
+        return request
+    record = RequestRecord(request)
+    if hasattr(request, "additional_information_cpu"):
+        record.additional_information_cpu = request.additional_information_cpu
+    return record
+
+
+@dataclass
+class V2Step:
+    """A ``Step`` as vLLM's Model Runner V2 holds it: its real ``InputBatch`` (rows in the
+    step's order, over the step's persistent ids) and ``RequestState`` (the prompt lengths)."""
+
+    input_batch: Any
+    req_states: Any
+
+
+@contextlib.contextmanager
+def host_uva_buffers() -> Iterator[None]:
+    """Within: V2's ``RequestState`` keeps its host-visible buffers in plain host memory, as
+    vLLM's own CPU runner makes it (``vllm/v1/worker/cpu/shm.py``; no pinned memory here)."""
+    import vllm.v1.worker.cpu.buffer_utils as cpu_buffers
+    import vllm.v1.worker.gpu.buffer_utils as gpu_buffers
+
+    original = gpu_buffers.UvaBuffer
+    gpu_buffers.UvaBuffer = cpu_buffers.UvaBuffer
+    try:
+        yield
+    finally:
+        gpu_buffers.UvaBuffer = original
+
+
+def request_states(rows: Sequence[RowSpec], max_model_len: int = 64) -> Any:
+    """vLLM's V2 ``RequestState`` with ``rows`` admitted (their prompts and computed tokens)."""
+    from vllm.v1.worker.gpu.states import RequestState
+
+    with host_uva_buffers():
+        states = RequestState(MAX_REQS, max_model_len, 64, 0, 512, CPU)
+    for row in rows:
+        tokens = [token_id(row.tag, j) for j in range(max(row.prompt_len, row.computed + row.span))]
+        states.add_request(row.req_id, row.prompt_len, tokens, row.computed, 8)
+    return states
+
+
+def v2_step_of(step: Step) -> V2Step:
+    """The V2 view of ``step``: ``InputBatch.make_dummy`` over V2's ``InputBuffers``, with the
+    step's rows, offsets, spans and computed tokens, and its ids as the persistent ids."""
+    from vllm.v1.worker.gpu.input_batch import InputBatch, InputBuffers
+
+    rows = step.rows
+    n = len(rows)
+    req_states = request_states(rows)
+    buffers = InputBuffers(MAX_REQS, step.total + step.pad, CPU)
+    dummy = InputBatch.make_dummy(max(n, 1), max(step.total, 1), buffers)
+    idx = np.array([req_states.req_id_to_index[r.req_id] for r in rows], dtype=np.int64)
+    bounds = np.array([*step.offsets, step.total], dtype=np.int32)
+    import dataclasses as _dataclasses
+
+    input_batch = _dataclasses.replace(
+        dummy,
+        req_ids=[r.req_id for r in rows],
+        num_reqs=n,
+        num_reqs_after_padding=n,
+        idx_mapping=torch.from_numpy(idx),
+        idx_mapping_np=idx,
+        num_scheduled_tokens=np.array([r.span for r in rows], dtype=np.int32),
+        num_tokens=step.total,
+        num_tokens_after_padding=step.total + step.pad,
+        query_start_loc=torch.from_numpy(bounds.copy()),
+        query_start_loc_np=bounds,
+        num_computed_tokens_np=np.array([r.computed for r in rows], dtype=np.int32),
+        input_ids=step.input_ids.gpu[: step.total + step.pad],
+    )
+    return V2Step(input_batch, req_states)
 
 
 # -- snapshots --------------------------------------------------------------------------------
@@ -850,7 +1080,11 @@ def runner_state(runner: Any) -> Any:
         },
         "input_ids": freeze(runner.input_ids),
         "inputs_embeds": freeze(runner.inputs_embeds),
-        "query_start_loc": freeze(runner.query_start_loc),
+        "query_start_loc": freeze(
+            runner.query_start_loc
+            if isinstance(runner.query_start_loc, CpuGpuBuffer)
+            else getattr(runner.query_start_loc, "np", runner.query_start_loc)
+        ),
         "generators": sorted(runner._talker_mtp_generators),
     }
     for name in MTP_BUFFER_NAMES:

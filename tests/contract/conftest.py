@@ -16,9 +16,16 @@ import pytest
 
 from omnigen.runtime import vllm_api
 
-from ._support import FakeForwardContext, FakeGraphWrapper, Recorder
+from ._support import TARGETS, FakeForwardContext, FakeGraphWrapper, Recorder
 
 OPTIMIZED_SCRIPT = Path(__file__).with_name("optimized_check.py")
+
+
+@pytest.fixture(params=TARGETS)
+def target(request: pytest.FixtureRequest) -> str:
+    """The generated target a test drives (one clause, two targets): ``v1``, the V1 runner, or
+    ``v2``, the Model Runner V2 target's model state through V2's own seams."""
+    return request.param
 
 
 @pytest.fixture

@@ -12,6 +12,7 @@ from omnigen.runtime.serialization import deserialize_additional_information, se
 from ._support import (
     DeviceTensor,
     bare_runner,
+    bare_state,
     cached_requests,
     freeze,
     ids,
@@ -40,18 +41,36 @@ MERGING = shipped(lambda c: not c["replace_on_marker"]) + [
 ]
 
 
-def runner_with(variant, *req_ids, buffers=None):
+def runner_with(variant, *req_ids, buffers=None, target="v1"):
+    """The target's holder of the omni state (the V1 runner, or the V2 target's model state) with
+    ``req_ids`` known and ``buffers`` in place (mirrored)."""
     rows = rows_of(["decode"] * len(req_ids))
     requests = {}
     for row, req_id in zip(rows, req_ids, strict=True):
         row.req_id = req_id
         requests[req_id] = request_state(row)
-    runner = bare_runner(variant.cls(), requests=requests)
+    if target == "v1":
+        runner = bare_runner(variant.cls(), requests=requests)
+    else:
+        runner = bare_state(variant.state_cls(), requests=requests)
     for req_id, buf in (buffers or {}).items():
         runner.model_intermediate_buffer[req_id] = buf
         if req_id in requests:
             requests[req_id].additional_information_cpu = buf
     return runner
+
+
+def admit(runner, step, target):
+    """The scheduler's payloads of a step reach the target through its own seam (4.2): V1's
+    ``_update_additional_information`` in its step; on V2 the model state's ``add_request`` for
+    each new request (V2 admits it then) and, for cached requests, ``_merge_cached_payloads``
+    (from the V2 runner's ``update_requests``)."""
+    if target == "v1":
+        runner._update_additional_information(step)
+        return
+    for index, new_req in enumerate(step.scheduled_new_reqs):
+        runner.add_request(index, new_req)
+    runner._merge_cached_payloads(step)
 
 
 def mirrored(runner, req_id):
@@ -62,9 +81,9 @@ def mirrored(runner, req_id):
 
 
 @pytest.mark.parametrize("variant", ALL, ids=ids(ALL))
-def test_update_is_a_noop_for_empty_non_dict_or_unknown_requests(variant):
+def test_update_is_a_noop_for_empty_non_dict_or_unknown_requests(variant, target):
     """4.1: empty / non-dict update, or a request not in self.requests: nothing changes."""
-    runner = runner_with(variant, "a", "b", buffers={"a": {"meta": {"x": 1}}})
+    runner = runner_with(variant, "a", "b", buffers={"a": {"meta": {"x": 1}}}, target=target)
     before = freeze(runner.model_intermediate_buffer)
     for update in ({}, None, [("meta", {"x": 2})], "meta", 5, torch.ones(1)):
         runner._update_intermediate_buffer("a", update)
@@ -75,9 +94,9 @@ def test_update_is_a_noop_for_empty_non_dict_or_unknown_requests(variant):
 
 
 @pytest.mark.parametrize("variant", ALL, ids=ids(ALL))
-def test_updates_merge_one_level_deep_accumulate_and_are_mirrored(variant):
+def test_updates_merge_one_level_deep_accumulate_and_are_mirrored(variant, target):
     """4.1: per-qualifier merge, top-level scalars stored, successive updates accumulate, mirror."""
-    runner = runner_with(variant, "a", "b")
+    runner = runner_with(variant, "a", "b", target=target)
     runner._update_intermediate_buffer(
         "a", {"codes": {"x": 1}, "meta": {"a": 1, "nested": {"p": 1}}, "flag": True}
     )
@@ -99,11 +118,11 @@ def test_updates_merge_one_level_deep_accumulate_and_are_mirrored(variant):
 
 
 @pytest.mark.parametrize("variant", ALL, ids=ids(ALL))
-def test_tensors_move_to_cpu_unless_the_key_is_gpu_resident(variant):
+def test_tensors_move_to_cpu_unless_the_key_is_gpu_resident(variant, target):
     """4.1: GPU-resident (type, qualifier) keys keep device tensors; every other tensor moves to CPU."""
     resident = {tuple(k.split(".")) for k in variant.caps["gpu_resident_keys"]}
     probes = resident | {("codes", "audio"), ("hidden_states", "last"), ("probe", "host")}
-    runner = runner_with(variant, "a")
+    runner = runner_with(variant, "a", target=target)
     update = {t: {} for t, _ in probes}
     for t, q in probes:
         update[t][q] = on_device(torch.arange(4.0))
@@ -172,9 +191,11 @@ def test_serialization_round_trips_nested_payloads():
 
 
 @pytest.mark.parametrize("variant", ALL, ids=ids(ALL))
-def test_new_and_cached_request_payloads_are_merged(variant):
+def test_new_and_cached_request_payloads_are_merged(variant, target):
     """4.2: new: its model_intermediate_buffer and deserialized additional_information; cached: where present."""
-    runner = runner_with(variant, "new", "cached", "other", buffers={"cached": {"meta": {"kept": 1}}})
+    runner = runner_with(
+        variant, "new", "cached", "other", buffers={"cached": {"meta": {"kept": 1}}}, target=target
+    )
     info = {"codes": {"audio": torch.arange(3)}, "meta": {"from_info": True}}
     new = new_request(
         "new",
@@ -185,26 +206,30 @@ def test_new_and_cached_request_payloads_are_merged(variant):
     cached = cached_requests(
         ["cached", "other"], {"cached": serialize_additional_information({"meta": {"more": 2}})}
     )
-    runner._update_additional_information(scheduler_output(new=[new, absent], cached=cached))
+    admit(runner, scheduler_output(new=[new, absent], cached=cached), target)
     buf = runner.model_intermediate_buffer["new"]
     assert buf["meta"] == {"from_buffer": 1, "from_info": True}
     assert buf["codes"]["audio"].tolist() == [0, 1, 2]
     assert buf["hidden_states"]["last"].tolist() == [1.0, 1.0]
     assert mirrored(runner, "new")
-    assert runner.model_intermediate_buffer["cached"] == {"meta": {"kept": 1, "more": 2}}
-    assert mirrored(runner, "cached")
-    assert (
-        "other" not in runner.model_intermediate_buffer and "absent" not in runner.model_intermediate_buffer
-    )
+    if target == "v2" and not variant.caps["refresh_every_step"]:
+        # Payloads at admission only: a cached request's payload is not merged (as on V1, whose
+        # step runs _admit_new_request_payloads for such a stage).
+        assert runner.model_intermediate_buffer["cached"] == {"meta": {"kept": 1}}
+    else:
+        assert runner.model_intermediate_buffer["cached"] == {"meta": {"kept": 1, "more": 2}}
+        assert mirrored(runner, "cached")
+    assert "other" not in runner.model_intermediate_buffer
+    # V1 merges into the requests vLLM has registered; on V2 a new request is registered by the
+    # very hook that merges its payloads, so "absent" (unknown to V1's runner) is V2's to keep.
+    assert ("absent" in runner.model_intermediate_buffer) is (target == "v2")
 
 
 @pytest.mark.parametrize("variant", ALL, ids=ids(ALL))
-def test_scheduler_data_without_payload_attributes_changes_nothing(variant):
+def test_scheduler_data_without_payload_attributes_changes_nothing(variant, target):
     """4.2: vLLM's own NewRequestData / CachedRequestData (no payload attributes) are fine."""
-    runner = runner_with(variant, "a", "b", buffers={"b": {"meta": {"x": 1}}})
-    runner._update_additional_information(
-        scheduler_output(new=[new_request("a")], cached=cached_requests(["b"], None))
-    )
+    runner = runner_with(variant, "a", "b", buffers={"b": {"meta": {"x": 1}}}, target=target)
+    admit(runner, scheduler_output(new=[new_request("a")], cached=cached_requests(["b"], None)), target)
     assert runner.model_intermediate_buffer == {"b": {"meta": {"x": 1}}}
 
 
@@ -245,13 +270,13 @@ CASES_R = [(v, m, p) for v in REPLACING for m in MARKERS for p in PATHS]
 @pytest.mark.parametrize(
     ("variant", "marker", "path"), CASES_R, ids=[f"{v.id}-{m}-{p}" for v, m, p in CASES_R]
 )
-def test_a_marked_payload_replaces_the_buffer(variant, marker, path):
+def test_a_marked_payload_replaces_the_buffer(variant, marker, path, target):
     """4.3: replaced, not merged; new path keeps runner bookkeeping; cached path equals the marker payload."""
-    runner = runner_with(variant, "a", "b", buffers=previous_buffers())
+    runner = runner_with(variant, "a", "b", buffers=previous_buffers(), target=target)
     b_buffer = runner.model_intermediate_buffer["b"]
     b_before = freeze(b_buffer)
     payload = marker_payload(MARKERS[marker]())
-    runner._update_additional_information(replacement_step(path, payload))
+    admit(runner, replacement_step(path, payload), target)
     buf = runner.model_intermediate_buffer["a"]
     if path.startswith("new"):
         expected = {
@@ -273,24 +298,29 @@ MERGE_CASES = [(v, m, p) for v in MERGING for m in MARKERS for p in ("new_buffer
 @pytest.mark.parametrize(
     ("variant", "marker", "path"), MERGE_CASES, ids=[f"{v.id}-{m}-{p}" for v, m, p in MERGE_CASES]
 )
-def test_stages_without_replacement_always_merge(variant, marker, path):
+def test_stages_without_replacement_always_merge(variant, marker, path, target):
     """4.3: a stage that does not declare replacement merges even a marked payload."""
-    runner = runner_with(variant, "a", "b", buffers=previous_buffers())
+    runner = runner_with(variant, "a", "b", buffers=previous_buffers(), target=target)
     payload = marker_payload(MARKERS[marker]())
-    runner._update_additional_information(replacement_step(path, payload))
+    admit(runner, replacement_step(path, payload), target)
     buf = runner.model_intermediate_buffer["a"]
+    if target == "v2" and path.startswith("cached") and not variant.caps["refresh_every_step"]:
+        # A stage that takes payloads at admission only (V1 runs _admit_new_request_payloads there)
+        # merges nothing for a cached request on V2 either.
+        assert "audio" not in buf["codes"] and "fresh" not in buf["meta"]
+        return
     assert buf["codes"]["old"].tolist() == [0, 1, 2] and buf["codes"]["audio"].tolist() == [0, 2, 4, 6]
     assert buf["meta"]["old_meta"] == 1 and buf["meta"]["fresh"] == 2 and buf["stale_top"] == 1
 
 
 @pytest.mark.parametrize("variant", REPLACING, ids=ids(REPLACING))
 @pytest.mark.parametrize("false_marker", [False, "tensor_false"])
-def test_a_false_marker_merges(variant, false_marker):
+def test_a_false_marker_merges(variant, false_marker, target):
     """4.3: only a true marker replaces."""
     marker = torch.tensor(False) if false_marker == "tensor_false" else False
     for path in PATHS:
-        runner = runner_with(variant, "a", "b", buffers=previous_buffers())
-        runner._update_additional_information(replacement_step(path, marker_payload(marker)))
+        runner = runner_with(variant, "a", "b", buffers=previous_buffers(), target=target)
+        admit(runner, replacement_step(path, marker_payload(marker)), target)
         buf = runner.model_intermediate_buffer["a"]
         assert buf["codes"]["old"].tolist() == [0, 1, 2], path
         assert buf["stale_top"] == 1, path
@@ -301,10 +331,10 @@ def test_a_false_marker_merges(variant, false_marker):
 
 @pytest.mark.parametrize("variant", ALL, ids=ids(ALL))
 @pytest.mark.parametrize("carrier", ["buffer", "serialized"])
-def test_streaming_readmission_merges_into_a_copy_and_marks_resumable(variant, carrier):
+def test_streaming_readmission_merges_into_a_copy_and_marks_resumable(variant, carrier, target):
     """4.4: merge one level deep into a copy, num_processed_tokens=0, resumable=True, stored and mirrored."""
     old = {"codes": {"a": 1}, "meta": {"x": 1, "num_processed_tokens": 9, "resumable": False}, "top": 1}
-    runner = runner_with(variant, "r", buffers={"r": old})
+    runner = runner_with(variant, "r", buffers={"r": old}, target=target)
     old_frozen = freeze(old)
     incoming = {"codes": {"b": 2}, "meta": {"y": 2}, "top2": 5}
     data = (
@@ -325,9 +355,9 @@ def test_streaming_readmission_merges_into_a_copy_and_marks_resumable(variant, c
 
 
 @pytest.mark.parametrize("variant", ALL, ids=ids(ALL))
-def test_streaming_readmission_without_a_previous_buffer(variant):
+def test_streaming_readmission_without_a_previous_buffer(variant, target):
     """4.4: a request with no buffer yet gets the incoming payload, marked resumable."""
-    runner = runner_with(variant, "r")
+    runner = runner_with(variant, "r", target=target)
     runner._update_streaming_input_additional_info(new_request("r", buffer={"meta": {"y": 2}}), "r")
     assert runner.model_intermediate_buffer["r"] == {
         "meta": {"y": 2, "num_processed_tokens": 0, "resumable": True}
@@ -339,9 +369,9 @@ def test_streaming_readmission_without_a_previous_buffer(variant):
 
 
 @pytest.mark.parametrize("variant", ALL, ids=ids(ALL))
-def test_local_stage_payloads_sync_only_into_active_not_pending_requests(variant):
+def test_local_stage_payloads_sync_only_into_active_not_pending_requests(variant, target):
     """4.5: active and not pending -> merged and removed; pending or not yet active -> stays cached."""
-    runner = runner_with(variant, "active", "pending", buffers={"active": {"meta": {"x": 1}}})
+    runner = runner_with(variant, "active", "pending", buffers={"active": {"meta": {"x": 1}}}, target=target)
     runner._full_payload_pending_broadcast_req_ids = {"pending"}
     runner._local_stage_payload_cache = {
         "active": {"codes": {"audio": torch.arange(2)}, "meta": {"y": 2}},

@@ -87,3 +87,96 @@ def test_release_finished_requests_directly(variant):
     assert done not in runner._local_stage_payload_cache
     for req_id in (running, other):
         assert held(runner, req_id) == {"buffer": True, "generator": True, "pending": True}
+
+
+# -- the same clause on the Model Runner V2 target ----------------------------------------------
+
+
+def v2_finish_requests(calls):
+    """What vLLM's V2 ``GPUModelRunner.finish_requests`` does (0.32-0.34): every finished or
+    preempted request leaves V2's state, the model state's ``remove_request`` told of each."""
+
+    def finish_requests(self, scheduler_output):
+        for req_id in sorted(
+            scheduler_output.finished_req_ids | set(scheduler_output.preempted_req_ids or ())
+        ):
+            self.model_state.remove_request(req_id)
+        calls.append(scheduler_output)
+
+    return finish_requests
+
+
+def loaded_v2_runner(variant):
+    """A bare V2 runner of the stage whose model state holds three requests' state."""
+    state, req_ids = loaded_runner_on(variant, "v2")
+    runner = object.__new__(variant.runner_v2_cls())
+    runner.model_state = state
+    runner.model = state.model
+    return runner, req_ids
+
+
+def loaded_runner_on(variant, target):
+    from ._support import bare_state
+
+    if target == "v1":
+        return loaded_runner(variant)
+    rows = rows_of(["decode", "decode_late", "tail"])
+    state = bare_state(
+        variant.state_cls(),
+        requests={row.req_id: request_state(row) for row in rows},
+        model=FinishedRecorder(),
+    )
+    for row in rows:
+        state._update_intermediate_buffer(
+            row.req_id, {"codes": {"audio": torch.ones(1, 2)}, "meta": {"t": row.tag}}
+        )
+        state._talker_mtp_generators[row.req_id] = torch.Generator().manual_seed(row.tag)
+        state.accumulate_full_payload_output(
+            row.req_id, {"codes": torch.ones(1, 2)}, state.requests[row.req_id]
+        )
+    return state, [row.req_id for row in rows]
+
+
+@pytest.mark.parametrize("variant", ALL, ids=ids(ALL))
+def test_v2_finish_requests_releases_finished_and_keeps_preempted(variant, monkeypatch):
+    """6 on V2: V2's ``finish_requests`` removes finished and preempted requests alike (its model
+    state's ``remove_request`` cannot tell them apart); the target releases the finished ones'
+    buffer, generator, payload and record, and keeps a preempted one's, as V1 keeps it."""
+    from omnigen.runtime import vllm_api_v2
+
+    runner, (done, preempted, running) = loaded_v2_runner(variant)
+    calls = []
+    monkeypatch.setattr(vllm_api_v2.GPUModelRunner, "finish_requests", v2_finish_requests(calls))
+    sched = scheduler_output({running: 1}, finished=[done])
+    sched.preempted_req_ids = {preempted}
+    runner.finish_requests(sched)
+    assert calls == [sched], "vLLM's own finish_requests still runs, once"
+    state = runner.model_state
+    assert held(state, done) == {"buffer": False, "generator": False, "pending": False}
+    assert done not in state.requests
+    for req_id in (preempted, running):
+        assert held(state, req_id) == {"buffer": True, "generator": True, "pending": True}
+        assert req_id in state.requests
+    assert state._omni_preempted == {preempted}
+    expected = [{done}] if variant.caps["on_requests_finished"] else []
+    assert runner.model.finished == expected
+
+
+@pytest.mark.parametrize("variant", ALL, ids=ids(ALL))
+def test_v2_a_resumed_request_keeps_its_buffer_and_is_not_merged_twice(variant, monkeypatch):
+    """4.2/8.2 on V2: a preempted request comes back as a new request (its payload handle already
+    released); its buffer stays as it was, nothing is merged again. A request admitted again
+    without a preemption (a streaming input's next chunk) merges what it brings."""
+    from ._support import new_request
+
+    runner, (_done, preempted, running) = loaded_v2_runner(variant)
+    state = runner.model_state
+    state._note_preempted({preempted}, set())
+    before = state.model_intermediate_buffer[preempted]
+    snapshot = {k: dict(v) if isinstance(v, dict) else v for k, v in before.items()}
+    state.add_request(0, new_request(preempted, buffer={"meta": {"again": 1}}))
+    assert state.model_intermediate_buffer[preempted] is before
+    assert {k: dict(v) if isinstance(v, dict) else v for k, v in before.items()} == snapshot
+    assert preempted not in state._omni_preempted
+    state.add_request(1, new_request(running, buffer={"meta": {"next_chunk": 1}}))
+    assert state.model_intermediate_buffer[running]["meta"]["next_chunk"] == 1

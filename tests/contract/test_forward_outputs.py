@@ -217,3 +217,132 @@ def test_extract_multimodal_outputs_covers_every_branch(variant, recorder):
 
 def test_every_matrix_cell_is_covered():
     assert sorted(v.id for v in ALL) == sorted(f"{m}.{s}" for m, s in CELLS)
+
+
+# -- the same clauses on the Model Runner V2 target ---------------------------------------------
+#
+# V2 builds the model's keyword arguments itself ({input_ids, positions, inputs_embeds,
+# intermediate_tensors, **model_state.prepare_inputs(...)}) and calls ``self.model(**inputs)``;
+# the target's kwargs come from ``prepare_inputs`` and its output through the forward adapter on
+# the model instance (``omnigen.runtime.v2.state.install_forward_adapter``).
+
+
+class AdaptedModel(FakeModel):
+    """A FakeModel called as V2 calls a model: ``model(**kwargs)`` runs ``self.forward``."""
+
+    def __init__(self, recorder, forward=None):
+        super().__init__(recorder, {})
+        self._forward_fn = forward
+        del self.forward
+
+    def forward(self, **kwargs):
+        self.recorder.add("forward", kwargs)
+        return kwargs.get("inputs_embeds") if self._forward_fn is None else self._forward_fn(**kwargs)
+
+    def __call__(self, **kwargs):
+        return self.forward(**kwargs)
+
+
+def v2_forward(variant: Variant, recorder: Recorder, forward=None):
+    """The stage's V2 model state over a two-row step (rows a, b of two tokens), its adapter on the
+    model, and V2's call: ``(state, model, run)``; ``run(inputs)`` is V2's forward of one step."""
+    from omnigen.runtime.v2.state import install_forward_adapter
+
+    from ._support import RowSpec, Step, bare_state, v2_step_of
+
+    step = Step([RowSpec("a", 4, 2, 2, tag=1), RowSpec("b", 4, 2, 2, tag=2)])
+    model = AdaptedModel(recorder, forward)
+    state = bare_state(variant.state_cls(), model=model, inputs_embeds=step.inputs_embeds.gpu)
+    state.model_intermediate_buffer = {"a": {"meta": {"x": 1}}, "b": {"meta": {"x": 2}}}
+    install_forward_adapter(model, state)
+    v2 = v2_step_of(step)
+    state.preprocess_state(v2.input_batch, (), None, None)
+
+    def run(args):
+        model_inputs = {**args, **state.prepare_inputs(v2.input_batch, v2.req_states)}
+        return model(**model_inputs)
+
+    return state, model, run
+
+
+@pytest.mark.parametrize("variant", ALL, ids=ids(ALL))
+def test_v2_the_forward_gets_the_stage_kwargs_and_v2_gets_hidden_states(variant, recorder):
+    """1.1 on V2: the forward gets each row's buffer (V2's row order) beside V2's inputs; V2 gets
+    a tensor back, the step's snapshot keeps the rest."""
+    hidden = torch.randn(4, 3)
+    state, _model, run = v2_forward(variant, recorder, forward=lambda **kw: hidden)
+    out = run(inputs())
+    (call,) = recorder.of("forward")
+    assert call["model_intermediate_buffer"] == [{"meta": {"x": 1}}, {"meta": {"x": 2}}]
+    assert call["runtime_additional_information"] is call["model_intermediate_buffer"]
+    assert isinstance(out, torch.Tensor)
+    if variant.caps["make_omni_output"]:
+        assert recorder.of("make_omni_output")[0]["output"] is hidden
+    step = state._omni_take_step(None)
+    assert step is not None and step.req_ids == ("a", "b") and step.bounds == (0, 2, 4)
+    assert out is hidden and step.hidden is hidden
+    # A dummy run (profile, warm-up, capture) is not a step: nothing is kept.
+    assert _model(**inputs()) is hidden
+    assert state._omni_take_step(None) is None
+
+
+@pytest.mark.parametrize("variant", MULTIMODAL, ids=ids(MULTIMODAL))
+@pytest.mark.parametrize("payload_kind", ["dict", "none"])
+def test_v2_a_flattened_omni_output_is_rebuilt(variant, payload_kind, recorder, weak_ref_tensors):
+    """1.1 on V2: a flattened OmniOutput is rebuilt; V2 gets the text hidden states, the step keeps
+    the payload by identity."""
+    text = torch.randn(4, 3)
+    payload = {"audio": torch.randn(4, 2), "meta": {"k": 1}} if payload_kind == "dict" else None
+    flattened = weak_ref_tensors(OmniOutput(text, payload, None, torch.tensor([5, 6])))
+    state, _model, run = v2_forward(variant, recorder, forward=lambda **kw: flattened)
+    out = run(inputs())
+    assert out.data_ptr() == text.data_ptr() and torch.equal(out, text)
+    assert state._omni_take_step(None).payload is payload
+
+
+@pytest.mark.parametrize("variant", METADATA, ids=ids(METADATA))
+def test_v2_decode_step_metadata_before_the_forward_and_finish_after(variant, recorder):
+    """1.2 on V2: update_decode_step_metadata in prepare_inputs (V2's last call before the forward),
+    finish_decode_step_forward right after it, then the output's assembly."""
+    _state, _model, run = v2_forward(variant, recorder, forward=lambda **kw: torch.zeros(4, 3))
+    run(inputs())
+    kinds = recorder.kinds()
+    if not variant.caps["decode_step_metadata"]:
+        assert "update_decode_step_metadata" not in kinds and "finish_decode_step_forward" not in kinds
+        return
+    expected = ["update_decode_step_metadata", "forward"]
+    if variant.facts["has_finish"]:
+        expected.append("finish_decode_step_forward")
+    assert kinds == expected + after_forward(variant)
+    (meta,) = recorder.of("update_decode_step_metadata")
+    assert meta["req_ids"] == ["a", "b"]
+
+
+@pytest.mark.parametrize("variant", METADATA, ids=ids(METADATA))
+def test_v2_finish_decode_step_runs_even_when_the_forward_raises(variant, recorder):
+    """1.2 on V2: the decode step closes whatever the forward did (the adapter's finally; the V2
+    runner's execute_model closes it again where a full graph replayed, once)."""
+
+    def boom(**kwargs):
+        raise RuntimeError("forward failed")
+
+    state, _model, run = v2_forward(variant, recorder, forward=boom)
+    with pytest.raises(RuntimeError, match="forward failed"):
+        run(inputs())
+    state._omni_close_decode_step()  # the runner's finally: nothing left to close
+    finished = recorder.of("finish_decode_step_forward")
+    assert len(finished) == (1 if variant.caps["decode_step_metadata"] and variant.facts["has_finish"] else 0)
+
+
+@pytest.mark.parametrize("variant", ALL, ids=ids(ALL))
+def test_v2_extract_multimodal_outputs_covers_every_branch(variant, recorder):
+    """1.3 on V2: the same method on the model state."""
+    state, _model, _run = v2_forward(variant, recorder)
+    text = torch.randn(2, 3)
+    payload = {"audio": torch.zeros(2)}
+    if variant.caps["multimodal_outputs"]:
+        got_text, got_payload = state.extract_multimodal_outputs(OmniOutput(text, payload))
+        assert got_text is text and got_payload is payload
+    assert state.extract_multimodal_outputs(text)[0] is text
+    with pytest.raises(ValueError, match="float"):
+        state.extract_multimodal_outputs(3.5)

@@ -44,7 +44,7 @@ def _cases(variants: list[Variant], faults: dict) -> list:
     return [pytest.param(v, f, id=f"{v.id}-{f}") for v in variants for f in faults]
 
 
-def prepared(variant: Variant, step: Step, recorder, ctx, graph):
+def prepared(variant: Variant, step: Step, recorder, ctx, graph, target="v1"):
     """A rig whose first two rows have buffers (with sub-dicts) and mirrors; the rest have none."""
     graph.for_policy(variant.caps["mtp_graph"] or "unsafe")
     buffers = {
@@ -55,7 +55,7 @@ def prepared(variant: Variant, step: Step, recorder, ctx, graph):
         }
         for row in step.rows[:2]
     }
-    return rig(variant, step, recorder, ctx, buffers=buffers)
+    return rig(variant, step, recorder, ctx, buffers=buffers, target=target)
 
 
 def run_faulty(r, hook: str, fault: str, call: int):
@@ -64,7 +64,7 @@ def run_faulty(r, hook: str, fault: str, call: int):
     objects = {k: id(v) for k, v in r.runner.model_intermediate_buffer.items()}
     error = HookFailure if fault.startswith("raises") else ValueError
     with pytest.raises(error) as err:
-        r.runner._preprocess_rows(r.step.sched, r.step.ids(), r.step.embeds())
+        r.run_rows()
     assert runner_state(r.runner) == before, "the step left something changed"
     assert {k: id(v) for k, v in r.runner.model_intermediate_buffer.items()} == objects, (
         "buffers restored in place"
@@ -78,8 +78,8 @@ def run_faulty(r, hook: str, fault: str, call: int):
 @pytest.mark.parametrize(
     ("variant", "fault"), _cases(HOOK_VARIANTS, ROW_FAULTS) + _cases(NONE_MTP, ROW_MTP_FAULTS)
 )
-def test_a_bad_per_row_result_undoes_the_step(variant, fault, recorder, ctx, graph):
-    r = prepared(variant, Step(rows_of(ROW_KINDS)), recorder, ctx, graph)
+def test_a_bad_per_row_result_undoes_the_step(variant, fault, target, recorder, ctx, graph):
+    r = prepared(variant, Step(rows_of(ROW_KINDS)), recorder, ctx, graph, target)
     message = run_faulty(r, "preprocess", fault, 2)
     third = recorder.of("preprocess")[2]["req_id"]
     if fault == "raises":
@@ -96,8 +96,8 @@ def test_a_bad_per_row_result_undoes_the_step(variant, fault, recorder, ctx, gra
 @pytest.mark.parametrize(
     ("variant", "fault"), _cases(BATCHED, BATCH_FAULTS) + _cases(MTP_BATCHED, BATCH_MTP_FAULTS)
 )
-def test_a_bad_decode_batch_result_undoes_the_step(variant, fault, recorder, ctx, graph):
-    r = prepared(variant, Step(rows_of(BATCH_KINDS)), recorder, ctx, graph)
+def test_a_bad_decode_batch_result_undoes_the_step(variant, fault, target, recorder, ctx, graph):
+    r = prepared(variant, Step(rows_of(BATCH_KINDS)), recorder, ctx, graph, target)
     message = run_faulty(r, "preprocess_decode_batch", fault, 1)
     batch = recorder.of("preprocess_decode_batch")[1]["req_ids"]
     assert batch == [row.req_id for row in r.step.rows[3:]]
@@ -116,8 +116,8 @@ def test_a_bad_decode_batch_result_undoes_the_step(variant, fault, recorder, ctx
 
 
 @pytest.mark.parametrize(("variant", "fault"), _cases(STEP_HOOKED, STEP_FAULTS))
-def test_a_raising_step_hook_undoes_what_it_wrote(variant, fault, recorder, ctx, graph):
-    r = prepared(variant, Step(rows_of(BATCH_KINDS)), recorder, ctx, graph)
+def test_a_raising_step_hook_undoes_what_it_wrote(variant, fault, target, recorder, ctx, graph):
+    r = prepared(variant, Step(rows_of(BATCH_KINDS)), recorder, ctx, graph, target)
     message = run_faulty(r, "preprocess_batch", fault, 0)
     everyone = ", ".join(row.req_id for row in r.step.rows)
     assert f"raised by model.preprocess_batch for requests {everyone};" in message
@@ -134,14 +134,14 @@ MTP_BAD_OFFSETS = {
 
 @pytest.mark.parametrize("bad", sorted(MTP_BAD_OFFSETS))
 @pytest.mark.parametrize("variant", MTP_BATCHED, ids=ids(MTP_BATCHED))
-def test_bad_mtp_batch_offsets_fail_before_any_hook(variant, bad, recorder, ctx, graph):
+def test_bad_mtp_batch_offsets_fail_before_any_hook(variant, bad, target, recorder, ctx, graph):
     graph.for_policy(variant.caps["mtp_graph"] or "unsafe")
     offsets, named = MTP_BAD_OFFSETS[bad]
     step = Step(rows_of(["decode", "decode_late", "decode"]), offsets=offsets)
-    r = rig(variant, step, recorder, ctx, buffers={step.rows[0].req_id: {"meta": {"tag": 1}}})
+    r = rig(variant, step, recorder, ctx, buffers={step.rows[0].req_id: {"meta": {"tag": 1}}}, target=target)
     before = runner_state(r.runner)
     with pytest.raises(RuntimeError) as err:
-        r.runner._preprocess_rows(step.sched, step.ids(), step.embeds())
+        r.run_rows()
     message = str(err.value)
     assert phases.MTP_OFFSETS_ERROR in message and "no hook was called" in message
     for fragment in named:
@@ -151,16 +151,16 @@ def test_bad_mtp_batch_offsets_fail_before_any_hook(variant, bad, recorder, ctx,
 
 
 @pytest.mark.parametrize("variant", MTP_BATCHED, ids=ids(MTP_BATCHED))
-def test_distinct_in_bounds_mtp_offsets_in_any_order_are_taken(variant, recorder, ctx, graph):
+def test_distinct_in_bounds_mtp_offsets_in_any_order_are_taken(variant, target, recorder, ctx, graph):
     """The MTP batch gathers and scatters by index: distinct offsets need not be increasing."""
     graph.for_policy(variant.caps["mtp_graph"] or "unsafe")
     step = Step(rows_of(["decode", "decode_late", "decode"]), offsets=[2, 0, 1])
-    r = rig(variant, step, recorder, ctx)
-    r.runner._preprocess_rows(step.sched, step.ids(), step.embeds())
+    r = rig(variant, step, recorder, ctx, target=target)
+    r.run_rows()
     (call,) = recorder.of("preprocess_decode_batch")
     assert call["input_ids"].tolist() == [5002, 5000, 5001]
     # Each row's rewritten id (+2000) goes back to its own offset.
     assert r.runner.input_ids.gpu[:3].tolist() == [7000, 7001, 7002]
     # Row i's embedding (10*tag+2, then the predictor's 10*tag+4.5) lands at its own offset.
-    embeds = r.runner.inputs_embeds.gpu[:3, 0].tolist()
+    embeds = step.inputs_embeds.gpu[:3, 0].tolist()
     assert embeds == [10 * 2 + 4.5, 10 * 3 + 4.5, 10 * 1 + 4.5]

@@ -334,3 +334,72 @@ def test_replay_with_other_shapes_and_eager_modes(plain_config, monkeypatch, cap
         with _forward(plain_config, mode, 3):
             assert stand_in(torch.ones(3)).tolist() == [2.0, 2.0, 2.0]
     assert log.events == [("capture", 2), ("eager", 3), ("eager", 3)]
+
+
+# -- the same clause on the Model Runner V2 target ----------------------------------------------
+#
+# V2 has no dummy run the predictor can ride on: it calls the model state's
+# ``capture_inner_cudagraphs`` once per ``capture_model``, after the model's graphs. The stage's
+# generated model state is built by its own ``__init__`` (vLLM's ``DefaultModelState.__init__``
+# on the real config), which wraps the predictor; then the hook captures, and serving, with
+# vLLM's capture guard off, must only replay: V2's dispatch asks the wrapper what it captured.
+
+
+def _built_state(model: str, stage: str, config: Any, monkeypatch: pytest.MonkeyPatch) -> Any:
+    plan = api.stage_plan(model, stage)
+    hidden = int(config.model_config.hf_text_config.hidden_size)
+    _give_hidden_size(config.model_config, plan.mtp.hidden_size_from, hidden)
+    monkeypatch.setattr(vllm_api, "full_graph_wrapper_cls", lambda: SimulatedGraphWrapper)
+    with set_current_vllm_config(config):
+        state = api.model_state_class(model, stage)(config, _StageModel(hidden), None, torch.device("cpu"))
+    assert isinstance(state.talker_mtp, SimulatedGraphWrapper), "the generated __init__ wraps it (2.2)"
+    return state
+
+
+@pytest.mark.parametrize(("model", "stage", "mode"), CASES)
+def test_v2_capture_inner_cudagraphs_captures_the_predictor_and_serving_only_replays(
+    model, stage, mode, checkpoint, distributed, monkeypatch, capture_enabled_after
+):
+    from omnigen.runtime import vllm_api_v2
+
+    log = simulated_cuda_graphs(monkeypatch)
+    state = _built_state(model, stage, _vllm_config(checkpoint, mode), monkeypatch)
+    # The capture stream is CUDA's (V2 hands its own to the hook on 0.34).
+    monkeypatch.setattr(vllm_api_v2, "graph_capture", lambda device, stream=None: contextlib.nullcontext())
+    state.capture_inner_cudagraphs(None, None, [], None)
+    # vLLM's capture sizes 1, 2, 4, 8 hold at most MAX_NUM_SEQS MTP rows: 1, 2 and 4, each once.
+    assert sorted(log.of("capture")) == [1, 2, 4], log.events
+    set_cudagraph_capturing_enabled(False)  # any capture from here on is refused by vLLM
+
+    served = len(log.events)
+    plan = api.stage_plan(model, stage)
+    for batch in range(1, MAX_NUM_SEQS + 1):
+        for seeded in (False, True):
+            state.requests.clear()
+            _serve_mtp_step(state, _requests(state, batch, seeded=seeded))
+    serving = log.events[served:]
+    assert serving and {event for event, _ in serving} == {"replay"}, serving
+    if plan.mtp.per_row_generators != "always":
+        assert serving.count(("replay", 1)) == 1 + sum(range(1, MAX_NUM_SEQS + 1))
+
+    # V2's memory profiling captures, then clears every graph (CUDAGraphWrapper.clear_all_graphs)
+    # until the real capture_model: a step in between runs eager, it never captures.
+    state.talker_mtp.concrete_cudagraph_entries.clear()
+    cleared = len(log.events)
+    _serve_mtp_step(state, _requests(state, 3, seeded=False))
+    assert log.events[cleared:] == [("eager", 3)]
+
+
+def test_v2_an_unwrapped_predictor_captures_nothing(checkpoint, distributed, monkeypatch):
+    """2.2 on V2: without full graphs the hook captures nothing and the predictor runs eager."""
+    model, stage = SAFE_STAGES[0]
+    log = simulated_cuda_graphs(monkeypatch)
+    config = _vllm_config(checkpoint, CUDAGraphMode.PIECEWISE)
+    plan = api.stage_plan(model, stage)
+    hidden = int(config.model_config.hf_text_config.hidden_size)
+    _give_hidden_size(config.model_config, plan.mtp.hidden_size_from, hidden)
+    with set_current_vllm_config(config):
+        state = api.model_state_class(model, stage)(config, _StageModel(hidden), None, torch.device("cpu"))
+    assert isinstance(state.talker_mtp, _Predictor)
+    state.capture_inner_cudagraphs(None, None, [], None)
+    assert log.events == []

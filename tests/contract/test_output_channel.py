@@ -49,6 +49,22 @@ def test_rows_ride_on_the_steps_output_never_on_vllms_shared_empty_one():
     assert vllm_api.attach_step_payloads(None, rows) is None
 
 
+def test_on_model_runner_v2_the_rows_ride_on_the_async_outputs_model_runner_output():
+    """8.1 on V2: V2's sample_tokens returns an ``AsyncOutput`` whose ``model_runner_output`` the
+    engine core gets (``get_output`` fills its tokens into that object): the rows go there."""
+    from vllm.v1.worker.gpu.async_utils import AsyncOutput
+
+    rows = {"a": {"audio": torch.ones(1, 2)}}
+    inner = ModelRunnerOutput(req_ids=["a"], req_id_to_index={"a": 0})
+    output = object.__new__(AsyncOutput)
+    output.model_runner_output = inner
+    assert vllm_api.attach_step_payloads(output, rows) is output
+    assert vllm_api.step_payloads_of(inner) == rows
+    # A plain ModelRunnerOutput (V2's generation step, 7.3) carries them itself.
+    plain = ModelRunnerOutput(req_ids=["a"], req_id_to_index={"a": 0})
+    assert vllm_api.step_payloads_of(vllm_api.attach_step_payloads(plain, rows)) == rows
+
+
 @dataclasses.dataclass
 class Request:
     request_id: str

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from ._support import Variant, bare_runner, ids, ov, shipped
+from ._support import TARGETS, Variant, bare_runner, bare_state, ids, ov, shipped
 
 ALL = shipped()
 ACCUMULATING = shipped(lambda c: c["accumulates_full_payload"])
@@ -44,8 +44,20 @@ REQUEST_END = shipped(lambda c: c["request_end_payload"]) + [
         ("outputs.request_end_payload", "true"),
         changes={"request_end_payload": True, "defers_full_payload_d2h": True},
     ),
+    # The talker as shipped (full payload): its request-end payload is deferred.
     ov(
-        "qwen3_omni", "talker", ("outputs.request_end_payload", "true"), changes={"request_end_payload": True}
+        "qwen3_omni",
+        "talker",
+        ("outputs.request_end_payload", "true"),
+        changes={"request_end_payload": True, "defers_full_payload_d2h": True},
+    ),
+    # In async-chunk mode nothing accumulates, so nothing is deferred.
+    ov(
+        "qwen3_omni",
+        "talker",
+        ("outputs.request_end_payload", "true"),
+        raw=("model.async_chunk=true",),
+        changes={"request_end_payload": True, "async_chunk": True, "accumulates_full_payload": False},
     ),
 ]
 
@@ -54,10 +66,17 @@ REQUEST_END = shipped(lambda c: c["request_end_payload"]) + [
 
 
 @pytest.fixture(
-    params=ACCUMULATING + shipped(lambda c: not c["accumulates_full_payload"])[:2], ids=lambda v: v.id
+    params=[
+        (v, target)
+        for v in ACCUMULATING + shipped(lambda c: not c["accumulates_full_payload"])[:2]
+        for target in TARGETS
+    ],
+    ids=lambda p: f"{p[1]}-{p[0].id}",
 )
 def runner(request):
-    return bare_runner(request.param.cls())
+    """The holder of the stage's pending payloads on each target (one clause, two targets)."""
+    variant, target = request.param
+    return bare_runner(variant.cls()) if target == "v1" else bare_state(variant.state_cls())
 
 
 def test_accumulation_appends_replaces_skips_and_filters_nothing(runner):
@@ -128,10 +147,14 @@ def test_accumulation_is_decided_per_stage_and_async_chunk_mode(variant):
 
 
 def test_a_thinker_that_publishes_text_and_feeds_the_talker_accumulates():
-    """5.2: qwen3_omni's thinker (final text, producer) accumulates once async chunks are off."""
-    thinker = next(v for v in ASYNC_FLIPPED if (v.model, v.stage) == ("qwen3_omni", "thinker"))
+    """5.2: qwen3_omni's thinker (final text, producer) accumulates with async chunks off (as it
+    ships: conf/model/qwen3_omni.yaml), and not with them on."""
+    thinker = next(v for v in ALL if (v.model, v.stage) == ("qwen3_omni", "thinker"))
     assert thinker.caps["final_output"] == "text" and thinker.caps["producer"]
+    assert not thinker.caps["async_chunk"]
     assert object.__new__(thinker.cls())._should_accumulate_full_payload_output() is True
+    streaming = next(v for v in ASYNC_FLIPPED if (v.model, v.stage) == ("qwen3_omni", "thinker"))
+    assert object.__new__(streaming.cls())._should_accumulate_full_payload_output() is False
 
 
 # -- 5.3 -----------------------------------------------------------------------------------------

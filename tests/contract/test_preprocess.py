@@ -77,7 +77,7 @@ def actual_hook_calls(recorder) -> list[tuple[str, object]]:
 
 
 def run_rows(r) -> None:
-    r.runner._preprocess_rows(r.step.sched, r.step.ids(), r.step.embeds())
+    r.run_rows()
 
 
 CASES = [(v, order) for v in HOOK_VARIANTS for order in ORDERS]
@@ -85,11 +85,11 @@ CASE_IDS = [f"{v.id}-{order}" for v, order in CASES]
 
 
 @pytest.mark.parametrize(("variant", "order"), CASES, ids=CASE_IDS)
-def test_each_row_gets_exactly_one_hook_call_in_row_order(variant, order, recorder, ctx, graph):
+def test_each_row_gets_exactly_one_hook_call_in_row_order(variant, order, target, recorder, ctx, graph):
     """3.2-3.4: routing, one hook call per row, adjacent decode rows batched, MTP once after the rows."""
     graph.for_policy(variant.caps["mtp_graph"] or "unsafe")
     step = Step(rows_of(ORDERS[order]))
-    r = rig(variant, step, recorder, ctx, buffers=stale_buffers(step))
+    r = rig(variant, step, recorder, ctx, buffers=stale_buffers(step), target=target)
     run_rows(r)
 
     assert actual_hook_calls(recorder) == expected_hook_calls(variant, step.rows)
@@ -128,11 +128,11 @@ def test_each_row_gets_exactly_one_hook_call_in_row_order(variant, order, record
 
 
 @pytest.mark.parametrize(("variant", "order"), CASES, ids=CASE_IDS)
-def test_rows_write_back_and_update_their_buffers(variant, order, recorder, ctx, graph):
+def test_rows_write_back_and_update_their_buffers(variant, order, target, recorder, ctx, graph):
     """3.1 runner keys, 3.3 write-back and update merge, 3.2 MTP codes only on eligible rows."""
     graph.for_policy(variant.caps["mtp_graph"] or "unsafe")
     step = Step(rows_of(ORDERS[order]))
-    r = rig(variant, step, recorder, ctx, buffers=stale_buffers(step))
+    r = rig(variant, step, recorder, ctx, buffers=stale_buffers(step), target=target)
     before_ids = step.input_ids.gpu.clone()
     run_rows(r)
     caps = variant.caps
@@ -176,11 +176,11 @@ def test_rows_write_back_and_update_their_buffers(variant, order, recorder, ctx,
 
 
 @pytest.mark.parametrize("variant", HOOK_VARIANTS, ids=ids(HOOK_VARIANTS))
-def test_hook_sees_scheduled_inputs_and_runner_keys(variant, recorder, ctx, graph):
+def test_hook_sees_scheduled_inputs_and_runner_keys(variant, target, recorder, ctx, graph):
     """3.1/3.3: the hook reads the persistent buffers and sees the runner keys in its infos."""
     graph.for_policy(variant.caps["mtp_graph"] or "unsafe")
     step = Step(rows_of(ORDERS["interleaved"]))
-    r = rig(variant, step, recorder, ctx, buffers=stale_buffers(step))
+    r = rig(variant, step, recorder, ctx, buffers=stale_buffers(step), target=target)
     run_rows(r)
     by_id = {row.req_id: row for row in step.rows}
     for call in recorder.of("preprocess"):
@@ -199,7 +199,7 @@ def test_hook_sees_scheduled_inputs_and_runner_keys(variant, recorder, ctx, grap
 
 
 @pytest.mark.parametrize("variant", HOOK_VARIANTS, ids=ids(HOOK_VARIANTS))
-def test_chunked_prefill_tail_is_prefill_until_the_prompt_is_computed(variant, recorder, ctx, graph):
+def test_chunked_prefill_tail_is_prefill_until_the_prompt_is_computed(variant, target, recorder, ctx, graph):
     """3.1/3.2: a 5-token prompt scheduled 4 then 1 is prefill at computed=4, decode from computed=5."""
     graph.for_policy(variant.caps["mtp_graph"] or "unsafe")
     routed = variant.caps["talker_mtp"] or variant.caps["decode_batch"] != "none"
@@ -209,11 +209,9 @@ def test_chunked_prefill_tail_is_prefill_until_the_prompt_is_computed(variant, r
         rows[0].prompt_len, rows[0].computed, rows[0].span = 5, computed, span
         step = Step(rows)
         if r is None:
-            r = rig(variant, step, recorder, ctx)
+            r = rig(variant, step, recorder, ctx, target=target)
         else:
-            for name in ("input_batch", "query_start_loc", "input_ids", "inputs_embeds"):
-                setattr(r.runner, name, getattr(step, name))
-            r.step = step
+            r.use_step(step)
         recorder.events.clear()
         run_rows(r)
         tail = rows[0].req_id
@@ -233,11 +231,11 @@ def test_chunked_prefill_tail_is_prefill_until_the_prompt_is_computed(variant, r
 
 
 @pytest.mark.parametrize("variant", HOOK_VARIANTS, ids=ids(HOOK_VARIANTS))
-def test_runner_keys_land_in_a_buffer_the_request_did_not_have(variant, recorder, ctx, graph):
+def test_runner_keys_land_in_a_buffer_the_request_did_not_have(variant, target, recorder, ctx, graph):
     """3.1: a request with no buffer yet gets one holding the runner keys (and its mirror)."""
     graph.for_policy(variant.caps["mtp_graph"] or "unsafe")
     step = Step(rows_of(["single_prompt", "decode", "decode_late", "decode_span2"]))
-    r = rig(variant, step, recorder, ctx)
+    r = rig(variant, step, recorder, ctx, target=target)
     run_rows(r)
     for row in step.rows:
         buf = r.runner.model_intermediate_buffer[row.req_id]
@@ -265,12 +263,12 @@ BAD_CASES = [(v, name) for v in PLAIN_BATCH_VARIANTS for name in BAD_OFFSETS]
 
 @pytest.mark.parametrize(("variant", "case"), BAD_CASES, ids=[f"{v.id}-{c}" for v, c in BAD_CASES])
 def test_bad_decode_batch_offsets_raise_before_any_hook_and_change_nothing(
-    variant, case, recorder, ctx, graph
+    variant, case, target, recorder, ctx, graph
 ):
     """3.5: non-contiguous / out-of-bounds offsets of a non-MTP decode batch."""
     graph.forbid()
     step = Step(rows_of(["decode", "decode_late", "decode", "cached_prefill"]), offsets=BAD_OFFSETS[case])
-    r = rig(variant, step, recorder, ctx, buffers=stale_buffers(step))
+    r = rig(variant, step, recorder, ctx, buffers=stale_buffers(step), target=target)
     before = runner_state(r.runner)
     with pytest.raises(RuntimeError, match=CONTIGUITY):
         run_rows(r)
@@ -279,11 +277,11 @@ def test_bad_decode_batch_offsets_raise_before_any_hook_and_change_nothing(
 
 
 @pytest.mark.parametrize("variant", PLAIN_BATCH_VARIANTS, ids=ids(PLAIN_BATCH_VARIANTS))
-def test_bad_offsets_after_a_prefill_row_fail_before_its_hook(variant, recorder, ctx, graph):
+def test_bad_offsets_after_a_prefill_row_fail_before_its_hook(variant, target, recorder, ctx, graph):
     """3.5: the check precedes every hook, including the per-row hook of an earlier row."""
     graph.forbid()
     step = Step(rows_of(["cached_prefill", "decode", "decode_late", "decode"]), offsets=[0, 1, 2, 4])
-    r = rig(variant, step, recorder, ctx, buffers=stale_buffers(step))
+    r = rig(variant, step, recorder, ctx, buffers=stale_buffers(step), target=target)
     before = runner_state(r.runner)
     with pytest.raises(RuntimeError, match=CONTIGUITY):
         run_rows(r)
@@ -300,12 +298,14 @@ SHORT_CASES = [
 @pytest.mark.parametrize(
     ("variant", "short", "order"), SHORT_CASES, ids=[f"{v.id}-{s}-{o}" for v, s, o in SHORT_CASES]
 )
-def test_short_batch_hook_output_raises_before_any_buffer_write(variant, short, order, recorder, ctx, graph):
+def test_short_batch_hook_output_raises_before_any_buffer_write(
+    variant, short, order, target, recorder, ctx, graph
+):
     """3.5: fewer ids / embeddings / updates than rows: ValueError, nothing written, no MTP."""
     graph.for_policy(variant.caps["mtp_graph"] or "unsafe")
     kinds = ["decode", "decode_late", "decode"] + (["cached_prefill"] if order == "batch_then_row" else [])
     step = Step(rows_of(kinds))
-    r = rig(variant, step, recorder, ctx, short=short, buffers=stale_buffers(step))
+    r = rig(variant, step, recorder, ctx, short=short, buffers=stale_buffers(step), target=target)
     before = runner_state(r.runner)
     with pytest.raises(ValueError, match="decode preprocessing"):
         run_rows(r)
@@ -314,11 +314,11 @@ def test_short_batch_hook_output_raises_before_any_buffer_write(variant, short, 
 
 
 @pytest.mark.parametrize("variant", BATCH_VARIANTS, ids=ids(BATCH_VARIANTS))
-def test_short_batch_output_leaves_no_buffer_behind(variant, recorder, ctx, graph):
+def test_short_batch_output_leaves_no_buffer_behind(variant, target, recorder, ctx, graph):
     """3.5: requests that had no buffer still have none after the failed step."""
     graph.for_policy(variant.caps["mtp_graph"] or "unsafe")
     step = Step(rows_of(["decode", "decode_late"]))
-    r = rig(variant, step, recorder, ctx, short="updates")
+    r = rig(variant, step, recorder, ctx, short="updates", target=target)
     before = runner_state(r.runner)
     with pytest.raises(ValueError, match="decode preprocessing"):
         run_rows(r)
@@ -420,7 +420,7 @@ def test_preprocess_without_a_hook_returns_vllms_inputs(variant, recorder, monke
     assert freeze(step.input_ids) == freeze(Step(rows_of(["prefill", "decode"])).input_ids)
 
 
-def test_an_mtp_stage_never_batches_decode_rows_away_from_the_mtp(recorder, ctx, graph):
+def test_an_mtp_stage_never_batches_decode_rows_away_from_the_mtp(target, recorder, ctx, graph):
     """3.2/3.3: with MTP the batch hook is the 5-tuple one; plain batching must be refused when generating."""
     overrides = ("model.stages.qwen3_tts.preprocess.decode_batch=plain",)
     try:
@@ -430,6 +430,6 @@ def test_an_mtp_stage_never_batches_decode_rows_away_from_the_mtp(recorder, ctx,
         return  # refused when generating: what the contract needs
     graph.allow()
     step = Step(rows_of(["decode", "decode_late", "tail"]))
-    run_rows(rig(variant, step, recorder, ctx))
+    run_rows(rig(variant, step, recorder, ctx, target=target))
     hidden = [float(v) for call in recorder.of("talker_mtp") for v in call["last_talker_hidden"][:, 0]]
     assert hidden == [10.0 * row.tag + 4 for row in step.rows if row.eligible]

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 from unittest import mock
 
+import pytest
 import torch
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
@@ -37,6 +38,7 @@ from ._support import (
     HOOK_VARIANTS,
     MTP_BUFFER_NAMES,
     ROW_KINDS,
+    TARGETS,
     FakeForwardContext,
     FakeModel,
     FakePredictor,
@@ -376,9 +378,10 @@ def scenarios(draw) -> dict[str, Any]:
     return {"variant": variant, "rows": rows, "offsets": offsets, "buffers": buffers, "faults": faults}
 
 
+@pytest.mark.parametrize("target", TARGETS)
 @settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(scenarios())
-def test_preprocess_rows_equals_the_reference_or_fails_as_documented(scenario):
+def test_preprocess_rows_equals_the_reference_or_fails_as_documented(target, scenario):
     variant, rows, offsets = scenario["variant"], scenario["rows"], scenario["offsets"]
     recorder = Recorder()
     step = Step(rows, offsets=offsets)
@@ -389,6 +392,7 @@ def test_preprocess_rows_equals_the_reference_or_fails_as_documented(scenario):
         FakeForwardContext(recorder),
         buffers=copy.deepcopy(scenario["buffers"]),
         predictor=FakePredictor(recorder, codes_on_device=False),
+        target=target,
     )
     r.runner.model.__class__ = PropertyModel
     r.runner.model.faults = scenario["faults"]
@@ -397,8 +401,8 @@ def test_preprocess_rows_equals_the_reference_or_fails_as_documented(scenario):
     )
     ref_model.faults = scenario["faults"]
     total = step.total
-    ref_ids = r.runner.input_ids.gpu[:total].tolist()
-    ref_embeds = r.runner.inputs_embeds.gpu[:total].tolist()
+    ref_ids = step.input_ids.gpu[:total].tolist()
+    ref_embeds = step.inputs_embeds.gpu[:total].tolist()
     output_key = getattr(type(r.runner), "MTP_OUTPUT_KEY", None)
     try:
         expected = reference(
@@ -415,12 +419,12 @@ def test_preprocess_rows_equals_the_reference_or_fails_as_documented(scenario):
     except Failed as failed:
         expected = failed.expected
     before = runner_state(r.runner)
-    pad_before = (freeze(r.runner.input_ids.gpu[total:]), freeze(r.runner.inputs_embeds.gpu[total:]))
+    pad_before = (freeze(step.input_ids.gpu[total:]), freeze(step.inputs_embeds.gpu[total:]))
     if isinstance(expected, Expected):
         event(f"fails: {expected.error.__name__}")
         try:
             with mock.patch.object(vllm_api, "set_forward_context", FakeForwardContext(recorder)):
-                r.runner._preprocess_rows(step.sched, step.ids(), step.embeds())
+                r.run_rows()
         except expected.error as exc:
             message = hook_message(exc)
             for fragment in expected.fragments:
@@ -432,11 +436,11 @@ def test_preprocess_rows_equals_the_reference_or_fails_as_documented(scenario):
         return
     event("equal to the reference")
     with mock.patch.object(vllm_api, "set_forward_context", FakeForwardContext(recorder)):
-        r.runner._preprocess_rows(step.sched, step.ids(), step.embeds())
+        r.run_rows()
     runner = r.runner
-    assert runner.input_ids.gpu[:total].tolist() == expected["ids"]
-    assert runner.inputs_embeds.gpu[:total].tolist() == expected["embeds"]
-    assert (freeze(runner.input_ids.gpu[total:]), freeze(runner.inputs_embeds.gpu[total:])) == pad_before
+    assert step.input_ids.gpu[:total].tolist() == expected["ids"]
+    assert step.inputs_embeds.gpu[:total].tolist() == expected["embeds"]
+    assert (freeze(step.input_ids.gpu[total:]), freeze(step.inputs_embeds.gpu[total:])) == pad_before
     assert freeze(runner.model_intermediate_buffer) == freeze(expected["buffers"])
     for req_id, buffer in runner.model_intermediate_buffer.items():
         assert runner.requests[req_id].additional_information_cpu is buffer, "each buffer is its mirror"

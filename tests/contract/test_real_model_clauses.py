@@ -468,7 +468,7 @@ def test_generated_workers_carry_the_fields_the_config_decides():
             "model.stages.talker.model_config.hf_config_name=talker_config",
         ],
     )
-    assert worker.model_config_fields == {"async_chunk": True, "model_stage": "talker"}
+    assert worker.model_config_fields == {"async_chunk": False, "model_stage": "talker"}
     assert worker.text_config_name == "talker_config"
 
 

@@ -16,6 +16,7 @@ from vllm.config import CUDAGraphMode
 from vllm.v1.utils import CpuGpuBuffer
 
 from omnigen.runtime import mtp, vllm_api
+from omnigen.runtime.v2 import OmniModelStateV2
 
 from ._support import (
     MTP_BUFFER_NAMES,
@@ -58,10 +59,12 @@ SAMPLING = ("do_sample", "temperature", "top_k", "top_p")
 # -- 2.1 / 2.2: _init_talker_mtp ----------------------------------------------------------------
 
 
-def init_runner(variant, *, mode, max_num_reqs=5, capture=12, dtype=torch.bfloat16):
+def init_runner(variant, *, mode, max_num_reqs=5, capture=12, dtype=torch.bfloat16, target="v1"):
+    """The target's object that allocates the MTP buffers: the V1 runner, or the V2 target's model
+    state (which allocates them with its own ``_make_buffer``, as vLLM's V2 runner has none)."""
     predictor = object()
     made = []
-    runner = object.__new__(variant.cls())
+    runner = object.__new__(variant.cls() if target == "v1" else variant.state_cls())
     runner.model = SimpleNamespace(talker_mtp=predictor)
     runner.compilation_config = SimpleNamespace(cudagraph_mode=mode, max_cudagraph_capture_size=capture)
     runner.max_num_reqs = max_num_reqs
@@ -75,7 +78,7 @@ def init_runner(variant, *, mode, max_num_reqs=5, capture=12, dtype=torch.bfloat
     runner.dtype = dtype
     runner.device = torch.device("cpu")
     runner.vllm_config = SimpleNamespace(name="vllm_config")
-    real_make = vllm_api.GPUModelRunner._make_buffer
+    real_make = vllm_api.GPUModelRunner._make_buffer if target == "v1" else OmniModelStateV2._make_buffer
 
     def make_buffer(*size, dtype, numpy=True):
         made.append((size, dtype))
@@ -87,11 +90,11 @@ def init_runner(variant, *, mode, max_num_reqs=5, capture=12, dtype=torch.bfloat
 
 @pytest.mark.parametrize("variant", INIT, ids=ids(INIT))
 @pytest.mark.parametrize(("max_num_reqs", "capture"), [(5, 12), (20, 8), (6, None)])
-def test_init_allocates_four_buffers_of_the_declared_width(variant, max_num_reqs, capture, graph):
+def test_init_allocates_four_buffers_of_the_declared_width(variant, max_num_reqs, capture, target, graph):
     """2.1: four persistent buffers from self._make_buffer, height max(reqs, capture), stage hidden size."""
     graph.for_policy(variant.caps["mtp_graph"])
     runner, predictor, made = init_runner(
-        variant, mode=CUDAGraphMode.NONE, max_num_reqs=max_num_reqs, capture=capture
+        variant, mode=CUDAGraphMode.NONE, max_num_reqs=max_num_reqs, capture=capture, target=target
     )
     runner._init_talker_mtp()
     height = max(max_num_reqs, capture or 0)  # vLLM leaves the capture size None without CUDA graphs
@@ -111,10 +114,10 @@ def test_init_allocates_four_buffers_of_the_declared_width(variant, max_num_reqs
 
 @pytest.mark.parametrize("variant", GRAPH, ids=ids(GRAPH))
 @pytest.mark.parametrize("mode", list(CUDAGraphMode), ids=lambda m: m.name)
-def test_graph_policy_wraps_only_safe_predictors_under_full_graphs(variant, mode, graph):
+def test_graph_policy_wraps_only_safe_predictors_under_full_graphs(variant, mode, target, graph):
     """2.2: safe wraps iff full CUDA graphs; unsafe never wraps and never looks the wrapper up."""
     graph.for_policy(variant.caps["mtp_graph"])
-    runner, predictor, _ = init_runner(variant, mode=mode)
+    runner, predictor, _ = init_runner(variant, mode=mode, target=target)
     runner._init_talker_mtp()
     wrapped = variant.caps["mtp_graph"] == "safe" and mode.has_full_cudagraphs()
     if wrapped:
@@ -177,6 +180,7 @@ def mtp_setup(
     model_config=None,
     kinds=None,
     buffers=None,
+    target="v1",
 ):
     graph.for_policy(variant.caps["mtp_graph"])
     rows = rows_of(kinds or ORDERS["interleaved"])
@@ -185,7 +189,16 @@ def mtp_setup(
         row.plain_seed = (plain_seeds or {}).get(row.tag)
     step = Step(rows)
     predictor = predictor_cls(recorder, ctx, codes_on_device=True)
-    r = rig(variant, step, recorder, ctx, predictor=predictor, model_config=model_config, buffers=buffers)
+    r = rig(
+        variant,
+        step,
+        recorder,
+        ctx,
+        predictor=predictor,
+        model_config=model_config,
+        buffers=buffers,
+        target=target,
+    )
     if wrapped:
         r.runner.talker_mtp = FakeGraphWrapper(predictor, r.runner.vllm_config)
     mtp_rows = [row for row in rows if row.eligible]
@@ -214,9 +227,9 @@ def forward(r, rows, *, explicit_offsets=True):
 
 
 @pytest.mark.parametrize("variant", GRAPH, ids=ids(GRAPH))
-def test_empty_request_list_changes_nothing(variant, recorder, ctx, graph):
+def test_empty_request_list_changes_nothing(variant, target, recorder, ctx, graph):
     """2.3: an empty req_ids changes nothing."""
-    r, _ = mtp_setup(variant, recorder, ctx, graph, seeds={1: 3})
+    r, _ = mtp_setup(variant, recorder, ctx, graph, seeds={1: 3}, target=target)
     before = runner_state(r.runner)
     r.runner._talker_mtp_forward([], r.step.embeds(), [])
     r.runner._talker_mtp_forward([], r.step.embeds())
@@ -232,11 +245,14 @@ def wrap_cases():
     wrap_cases(),
     ids=[f"{v.id}-{'wrapped' if w else 'eager'}" for v, w in wrap_cases()],
 )
-def test_batch_execution_padding_and_forward_context(variant, wrapped, recorder, ctx, graph):
+def test_batch_execution_padding_and_forward_context(variant, wrapped, target, recorder, ctx, graph):
     """2.3: asks vLLM for (mode, descriptor); eager runs NONE at B, wrapped pads to descriptor.num_tokens."""
-    r, rows = mtp_setup(variant, recorder, ctx, graph, wrapped=wrapped)
+    r, rows = mtp_setup(variant, recorder, ctx, graph, wrapped=wrapped, target=target)
     forward(r, rows)
     batch = len(rows)
+    if target == "v2":
+        check_v2_dispatch(r, rows, wrapped, recorder)
+        return
     asks = recorder.of("determine")
     assert len(asks) == 1
     ask = asks[0]
@@ -269,6 +285,47 @@ def test_batch_execution_padding_and_forward_context(variant, wrapped, recorder,
     assert call["inputs_embeds"][:batch, 0].tolist() == [10.0 * row.tag + 1 for row in rows]
 
 
+def check_v2_dispatch(r, rows, wrapped, recorder):
+    """2.3 on Model Runner V2, which has no ``_determine_batch_execution_and_padding``: a wrapped
+    predictor replays the smallest size its wrapper has captured that holds the rows (its
+    ``concrete_cudagraph_entries``), an unwrapped one runs eager at the batch size."""
+    batch = len(rows)
+    assert recorder.of("determine") == []
+    (call,) = recorder.of("talker_mtp")
+    contexts = recorder.of("forward_context")
+    assert len(contexts) == 1 and call["context"] is not None, "the predictor runs inside the forward context"
+    descriptor = call["context"]["batch_descriptor"]
+    assert call["context"]["vllm_config"] is r.runner.vllm_config
+    if wrapped:
+        padded = min(size for size in FakeGraphWrapper.CAPTURED if size >= batch)
+        assert call["context"]["cudagraph_runtime_mode"] == CUDAGraphMode.FULL
+        assert descriptor.num_tokens == padded == call["input_ids"].shape[0] > batch
+    else:
+        assert call["context"]["cudagraph_runtime_mode"] == CUDAGraphMode.NONE
+        assert descriptor.num_tokens == batch == call["input_ids"].shape[0]
+    assert call["input_ids"][:batch].tolist() == [50 + row.tag for row in rows]
+    assert call["last_talker_hidden"][:batch, 0].tolist() == [10.0 * row.tag + 4 for row in rows]
+    assert call["inputs_embeds"][:batch, 0].tolist() == [10.0 * row.tag + 1 for row in rows]
+
+
+def test_v2_dispatch_replays_only_sizes_the_wrapper_captured(recorder, ctx, graph):
+    """2.3/5.4 on V2: serving never captures. A batch larger than every captured size, or a
+    wrapper with no captured graph yet (after V2's memory profiling cleared them), runs eager."""
+    variant = next(v for v in GRAPH if v.caps["mtp_graph"] == "safe")
+    r, rows = mtp_setup(variant, recorder, ctx, graph, wrapped=True, target="v2")
+    wrapper = r.runner.talker_mtp
+    assert r.runner._mtp_dispatch(3)[1].num_tokens == 4
+    wrapper.concrete_cudagraph_entries = {
+        key: entry for key, entry in wrapper.concrete_cudagraph_entries.items() if key.num_tokens <= 2
+    }
+    mode, descriptor = r.runner._mtp_dispatch(3)
+    assert mode == CUDAGraphMode.NONE and descriptor.num_tokens == 3
+    for entry in wrapper.concrete_cudagraph_entries.values():
+        entry.cudagraph = None
+    mode, descriptor = r.runner._mtp_dispatch(1)
+    assert mode == CUDAGraphMode.NONE and descriptor.num_tokens == 1
+
+
 DEPLOYMENTS = {
     "none": None,
     "unset": "unset",
@@ -279,7 +336,7 @@ DEPLOYMENTS = {
 
 @pytest.mark.parametrize("variant", SAMPLED, ids=ids(SAMPLED))
 def test_sampling_kwargs_come_from_the_deployment_else_stage_defaults_else_none(
-    variant, recorder, ctx, graph
+    variant, target, recorder, ctx, graph
 ):
     """2.3: do_sample/temperature/top_k/top_p always passed; deployment dict, else defaults, else None."""
     seen = {}
@@ -290,7 +347,7 @@ def test_sampling_kwargs_come_from_the_deployment_else_stage_defaults_else_none(
             else SimpleNamespace(subtalker_sampling_params=deployment)
         )
         recorder.events.clear()
-        r, rows = mtp_setup(variant, recorder, ctx, graph, model_config=cfg)
+        r, rows = mtp_setup(variant, recorder, ctx, graph, model_config=cfg, target=target)
         forward(r, rows)
         (call,) = recorder.of("talker_mtp")
         assert set(SAMPLING) <= set(call["kwargs"]), "all four are always passed"
@@ -360,12 +417,14 @@ def seed_cases():
     seed_cases(),
     ids=[f"{v.id}-{'wrapped' if w else 'eager'}-{s}" for v, w, s in seed_cases()],
 )
-def test_generators_and_the_row_by_row_fallback(variant, wrapped, seeding, recorder, ctx, graph):
+def test_generators_and_the_row_by_row_fallback(variant, wrapped, seeding, target, recorder, ctx, graph):
     """2.3: generator / generators rules, the per-row fallback, and the four buffers restored."""
     seeds = SEEDINGS[seeding]
     # A plain sampling_params.seed on row 3 (and every row when unseeded) must not seed.
     plain = {3: 99} if seeding != "unseeded" else {1: 98, 3: 99, 5: 97}
-    r, rows = mtp_setup(variant, recorder, ctx, graph, wrapped=wrapped, seeds=seeds, plain_seeds=plain)
+    r, rows = mtp_setup(
+        variant, recorder, ctx, graph, wrapped=wrapped, seeds=seeds, plain_seeds=plain, target=target
+    )
     staged = {name: freeze(getattr(r.runner, name)) for name in MTP_BUFFER_NAMES}
     embeds_before = r.step.inputs_embeds.gpu.clone()
     forward(r, rows)
@@ -411,10 +470,12 @@ def test_generators_and_the_row_by_row_fallback(variant, wrapped, seeding, recor
 
 
 @pytest.mark.parametrize("variant", GRAPH, ids=ids(GRAPH))
-def test_unseeded_traffic_works_with_a_predictor_without_generator_arguments(variant, recorder, ctx, graph):
+def test_unseeded_traffic_works_with_a_predictor_without_generator_arguments(
+    variant, target, recorder, ctx, graph
+):
     """2.3: generator/generators are passed only when a row is seeded."""
     r, rows = mtp_setup(
-        variant, recorder, ctx, graph, predictor_cls=StrictPredictor, plain_seeds={1: 5, 3: 6}
+        variant, recorder, ctx, graph, predictor_cls=StrictPredictor, plain_seeds={1: 5, 3: 6}, target=target
     )
     forward(r, rows)
     forward(r, rows[:1])
@@ -423,9 +484,11 @@ def test_unseeded_traffic_works_with_a_predictor_without_generator_arguments(var
 
 
 @pytest.mark.parametrize("variant", GRAPH, ids=ids(GRAPH))
-def test_a_seeded_request_keeps_one_generator_across_steps_until_it_leaves(variant, recorder, ctx, graph):
+def test_a_seeded_request_keeps_one_generator_across_steps_until_it_leaves(
+    variant, target, recorder, ctx, graph
+):
     """2.3: one torch.Generator per seeded request, kept across steps, dropped once not in self.requests."""
-    r, rows = mtp_setup(variant, recorder, ctx, graph, seeds={1: 21, 5: 22})
+    r, rows = mtp_setup(variant, recorder, ctx, graph, seeds={1: 21, 5: 22}, target=target)
     seeded = [row for row in rows if row.seed is not None]
     forward(r, seeded[:1])
     gen = r.runner._talker_mtp_generators[seeded[0].req_id]
@@ -447,7 +510,9 @@ def test_a_seeded_request_keeps_one_generator_across_steps_until_it_leaves(varia
 
 @pytest.mark.parametrize("variant", WRITE_BACK, ids=ids(WRITE_BACK))
 @pytest.mark.parametrize("explicit", [True, False], ids=["start_offsets", "offsets_from_query_start_loc"])
-def test_write_back_to_offsets_and_codes_under_the_output_key(variant, explicit, recorder, ctx, graph):
+def test_write_back_to_offsets_and_codes_under_the_output_key(
+    variant, explicit, target, recorder, ctx, graph
+):
     """2.3: row i's embedding to inputs_embeds[offset_i]; codes[i:i+1] merged into its buffer."""
     kinds = ["prefill", "decode", "tail", "decode_late", "decode"]
     key0, key1 = variant.caps["mtp_output_key"]
@@ -455,7 +520,7 @@ def test_write_back_to_offsets_and_codes_under_the_output_key(variant, explicit,
     buffers = {
         f"r{i + 1}-{k}": {"meta": dict(keep["meta"]), key0: dict(keep[key0])} for i, k in enumerate(kinds)
     }
-    r, rows = mtp_setup(variant, recorder, ctx, graph, kinds=kinds, buffers=buffers)
+    r, rows = mtp_setup(variant, recorder, ctx, graph, kinds=kinds, buffers=buffers, target=target)
     before = r.step.inputs_embeds.gpu.clone()
     forward(r, rows, explicit_offsets=explicit)
     expected = before.clone()

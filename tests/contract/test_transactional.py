@@ -43,10 +43,10 @@ class FaultyModel(FakeModel):
 
 @pytest.mark.parametrize("variant", HOOK_VARIANTS, ids=ids(HOOK_VARIANTS))
 @pytest.mark.parametrize("fault", FAULTS)
-def test_a_bad_row_leaves_the_whole_step_as_it_was(variant, fault, recorder, ctx, graph):
+def test_a_bad_row_leaves_the_whole_step_as_it_was(variant, fault, target, recorder, ctx, graph):
     graph.for_policy(variant.caps["mtp_graph"] or "unsafe")
     step = Step(rows_of(KINDS))
-    r = rig(variant, step, recorder, ctx)
+    r = rig(variant, step, recorder, ctx, target=target)
     r.runner.model.__class__ = FaultyModel
     r.runner.model.fault = fault
     buffers = {
@@ -59,7 +59,7 @@ def test_a_bad_row_leaves_the_whole_step_as_it_was(variant, fault, recorder, ctx
     objects = {req_id: id(buf) for req_id, buf in r.runner.model_intermediate_buffer.items()}
     error = RuntimeError if fault == "raises" else ValueError
     with pytest.raises(error) as err:
-        r.runner._preprocess_rows(step.sched, step.ids(), step.embeds())
+        r.run_rows()
     assert len(recorder.of("preprocess")) == 3, "the fault came on the third hooked row"
     assert runner_state(r.runner) == before
     assert {k: id(v) for k, v in r.runner.model_intermediate_buffer.items()} == objects, (
@@ -83,10 +83,10 @@ STEP_HOOKED = [v for v in HOOK_VARIANTS if v.facts["batch_hook"]]
 
 
 @pytest.mark.parametrize("variant", STEP_HOOKED, ids=ids(STEP_HOOKED))
-def test_a_replaced_buffer_and_its_mirror_are_put_back(variant, recorder, ctx, graph):
+def test_a_replaced_buffer_and_its_mirror_are_put_back(variant, target, recorder, ctx, graph):
     graph.for_policy(variant.caps["mtp_graph"] or "unsafe")
     step = Step(rows_of(KINDS))
-    r = rig(variant, step, recorder, ctx)
+    r = rig(variant, step, recorder, ctx, target=target)
     r.runner.model.__class__ = ReplacingModel
     r.runner.model.fault = "raises"
     first = step.rows[0].req_id
@@ -95,7 +95,7 @@ def test_a_replaced_buffer_and_its_mirror_are_put_back(variant, recorder, ctx, g
     r.runner.requests[first].additional_information_cpu = buffer
     before = runner_state(r.runner)
     with pytest.raises(RuntimeError, match="the model failed"):
-        r.runner._preprocess_rows(step.sched, step.ids(), step.embeds())
+        r.run_rows()
     assert r.runner.model_intermediate_buffer[first] is buffer
     assert r.runner.requests[first].additional_information_cpu is buffer
     assert runner_state(r.runner) == before

@@ -151,7 +151,7 @@ def test_bad_requests_are_clear_errors(server):
     base, _, _ = server
     assert httpx.post(f"{base}/v1/audio/speech", json={"input": "x", "model": "other"}).status_code == 404
     assert (
-        httpx.post(f"{base}/v1/audio/speech", json={"input": "x", "response_format": "mp3"}).status_code
+        httpx.post(f"{base}/v1/audio/speech", json={"input": "x", "response_format": "wma"}).status_code
         == 400
     )
     assert httpx.post(f"{base}/v1/audio/speech", json={}).status_code == 400
@@ -208,6 +208,79 @@ def test_a_client_that_disconnects_leaves_no_state(server):
     for stage, held in state.items():
         assert all(len(ids) <= 1 for ids in held.values()), (stage, held)
     assert segments(process.pid) == before
+
+
+def test_streamed_speech_is_the_whole_answer_as_it_is_made(server):
+    """The tiny talker streams windows to code2wav (conf/model/omnigen_tiny.yaml): SSE deltas and a
+    raw body carry the same PCM16 as the whole WAV of the same seeded request, to the last sample."""
+    import base64
+    import json
+
+    import httpx
+
+    base, _, _ = server
+    body = {"input": "streamed words", "seed": 21}
+    whole = httpx.post(f"{base}/v1/audio/speech", json=body, timeout=120)
+    assert whole.status_code == 200
+    pcm = whole.content[44:]
+    assert len(pcm) == SAMPLES * 2
+
+    events = []
+    with httpx.stream(
+        "POST", f"{base}/v1/audio/speech", json={**body, "stream": True}, timeout=120
+    ) as answer:
+        assert answer.status_code == 200 and answer.headers["content-type"].startswith("text/event-stream")
+        for line in answer.iter_lines():
+            if line.startswith("data: "):
+                events.append(json.loads(line[len("data: ") :]))
+    deltas = [e for e in events if e["type"] == "speech.audio.delta"]
+    assert len(deltas) >= 3  # windows of 2, 4, then 8 frames: the audio came in pieces
+    assert b"".join(base64.b64decode(e["audio"]) for e in deltas) == pcm
+    assert events[-1]["type"] == "speech.audio.done" and events[-1]["usage"]["total_tokens"] > 0
+
+    raw = httpx.post(
+        f"{base}/v1/audio/speech",
+        json={**body, "stream_format": "audio", "response_format": "pcm"},
+        timeout=120,
+    )
+    assert raw.status_code == 200 and raw.headers["content-type"] == "audio/pcm"
+    assert raw.content == pcm
+    streamed_wav = httpx.post(
+        f"{base}/v1/audio/speech", json={**body, "stream_format": "audio"}, timeout=120
+    ).content
+    assert streamed_wav[:4] == b"RIFF" and streamed_wav[44:] == pcm
+
+
+def test_whole_answers_in_every_format_and_speed(server):
+    import av
+    import httpx
+
+    base, _, _ = server
+    body = {"input": "formats", "seed": 4}
+    for name, media in [
+        ("flac", "audio/flac"),
+        ("mp3", "audio/mpeg"),
+        ("opus", "audio/ogg"),
+        ("aac", "audio/aac"),
+    ]:
+        answer = httpx.post(f"{base}/v1/audio/speech", json={**body, "response_format": name}, timeout=120)
+        assert answer.status_code == 200, answer.text
+        assert answer.headers["content-type"] == media
+        with av.open(io.BytesIO(answer.content)) as container:
+            assert sum(frame.samples for frame in container.decode(audio=0)) > 0
+    slow = httpx.post(
+        f"{base}/v1/audio/speech", json={**body, "speed": 0.5, "response_format": "pcm"}, timeout=120
+    )
+    assert slow.status_code == 200
+    assert abs(len(slow.content) / 2 / (2 * SAMPLES) - 1) < 0.1  # twice as long, pitch kept
+    for bad, field in [
+        ({"response_format": "ogg"}, "response_format"),
+        ({"speed": 9}, "speed"),
+        ({"stream_format": "chunks"}, "stream_format"),
+        ({"stream": True, "response_format": "mp3"}, "response_format"),
+    ]:
+        refused = httpx.post(f"{base}/v1/audio/speech", json={**body, **bad}, timeout=30)
+        assert refused.status_code == 400 and field in refused.json()["detail"], (bad, refused.text)
 
 
 def test_sigterm_shuts_every_stage_engine_down(server):

@@ -166,7 +166,8 @@ def test_qwen3_omni_talker2code2wav_keeps_rows_of_codec_tokens():
         result(payload={"codes.audio": codes}, output_token_ids=[4197, 100, 101, 2150])
     )
     assert out.payload["codes"]["audio"] == [3, 5, 4, 6]
-    assert out.prompt_token_ids == [4197, 100, 101, 2150]
+    # code2wav decodes its prompt ids as the codes (vllm-omni's scheduler puts them there).
+    assert out.prompt_token_ids == [3, 5, 4, 6]
 
 
 def test_qwen3_omni_talker2code2wav_errors():
@@ -398,6 +399,26 @@ def test_higgs_replaces_non_audio_codes_with_zero_and_needs_the_delay():
     assert out.prompt_token_ids == [0] * 8
     with pytest.raises(GlueError, match="delay pattern"):
         higgs_audio_v3.talker2code2wav(result(payload={"codes.audio": torch.zeros(7, 8)}))
+
+
+def test_higgs_prompt_bound_is_the_longest_take_of_a_budget():
+    """The declared bound is the longest code2wav prompt a talker budget can give, and 9 tokens
+    the fewest that give one: the talker publishes no codes at its prefill step, so a request of
+    ``tokens`` sampled tokens has at most ``tokens - 1`` delay-pattern rows (the pipeline test
+    tests/e2e/test_real_higgs_audio_v3.py checks that count against vllm-omni's runner)."""
+    from omnigen.glue.types import min_producer_tokens, next_prompt_bound
+
+    glue = higgs_audio_v3.talker2code2wav
+    bound = next_prompt_bound(glue)
+    assert bound is not None and min_producer_tokens(glue) == higgs_audio_v3.NUM_CODEBOOKS + 1
+    for tokens in range(min_producer_tokens(glue), 40):
+        takes = [
+            len(
+                glue(result(payload={"codes.audio": torch.zeros(rows, 8, dtype=torch.long)})).prompt_token_ids
+            )
+            for rows in range(higgs_audio_v3.NUM_CODEBOOKS, tokens)
+        ]
+        assert bound(tokens, {}, None) == max(takes), tokens
 
 
 def test_moss_codes_become_the_codebook_major_prompt():

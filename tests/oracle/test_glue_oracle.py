@@ -361,18 +361,41 @@ def test_qwen3_omni_talker2code2wav(seed: int):
     payload = oracle(f"{P}.qwen3_omni.talker2code2wav_full_payload")(
         None, dict(source.payload), worker_request(source)
     )
-    # The code2wav stage has no input function, so vllm-omni gives it the default prompt:
-    # ``so.outputs[0].token_ids`` (stage_engine_core_client.py:44-62, _default_process_engine_inputs;
-    # that module cannot be imported on CPU: it pulls in vLLM's qwen2_vl, which needs torchvision).
-    prompt = {"prompt_token_ids": request_output(source).outputs[0].token_ids, "multi_modal_data": None}
     if payload is None:  # DIFFERENCES["error_instead_of_none"]
         with pytest.raises(GlueError):
             qwen3_omni.talker2code2wav(source)
         return
+    # The code2wav stage has no input function; the orchestrator's default prompt (the talker's
+    # output ids) is replaced in code2wav's scheduler when the payload arrives: the connector
+    # extracts its codes.audio as scheduling metadata and the coordinator makes them the prompt
+    # (generation mode), which the model decodes as the codes.
+    transport = oracle(
+        "vllm_omni.distributed.omni_connectors.model_runner.omni_connector_payload_transport."
+        "_OmniConnectorPayloadTransportMixin"
+    )
+    coordinator = oracle("vllm_omni.core.sched.omni_scheduling_coordinator.OmniSchedulingCoordinator")
+    request = SimpleNamespace(
+        prompt_token_ids=list(request_output(source).outputs[0].token_ids),
+        num_prompt_tokens=0,
+        _all_token_ids=[],
+        _output_token_ids=[],
+        num_computed_tokens=0,
+    )
+    metadata = transport._extract_scheduling_metadata(payload)
+    coordinator.update_request_metadata(
+        SimpleNamespace(
+            input_terminal_req_ids=set(),
+            _stage_id=2,
+            _flatten_prompt_token_ids=coordinator._flatten_prompt_token_ids,
+        ),
+        {"r": request},
+        {"r": metadata},
+        "generation",
+    )
     ours = qwen3_omni.talker2code2wav(source)
     assert_same(ours.payload, payload)
-    assert_same(ours.prompt_token_ids, prompt["prompt_token_ids"])
-    assert ours.multi_modal_data is None and prompt["multi_modal_data"] is None
+    assert_same(ours.prompt_token_ids, request.prompt_token_ids)
+    assert ours.multi_modal_data is None
 
 
 # -- qwen2_5_omni -------------------------------------------------------------------------------

@@ -28,6 +28,9 @@ Model facts this case relies on (vllm_omni 0.30,
   ``audio_placeholder_positions`` ([T] prompt positions) replace the prompt embeddings at those
   positions during prefill (``_apply_ref_audio_substitution`` :643); the engine prompt holds
   ``<|tts|>`` there (``prepare_prompt_for_engine``, higgs_audio_v3_tokenizer.py:100).
+
+The sizes, the config and the tokenizer are shared with ``tests/checkpoints/higgs_audio_v3.py``
+(the same shapes with weights in safetensors and the bundled codec, for whole pipelines).
 """
 
 from __future__ import annotations
@@ -39,23 +42,44 @@ import torch
 
 from tests.e2e.real.case import RealRequest, RealStageCase
 
-NUM_CODEBOOKS = 4
+ARCH = "HiggsAudioV3TalkerForConditionalGeneration"
+CODE2WAV_ARCH = "HiggsAudioV3Code2WavForConditionalGeneration"
+NUM_CODEBOOKS = 8  # the released count, which code2wav's glue and decoder also assume (8 quantizers)
 CODEBOOK_SIZE = 1026  # BOC_ID=1024, EOC_ID=1025 are module constants of the talker
-TEXT_VOCAB = 64
-WORDS = [f"w{i}" for i in range(40)]
-SPECIALS = ["<|endoftext|>", "<|tts|>", "<|text|>", "<|audio|>", "<|ref_audio|>", "<|ref_text|>"]
-# WordLevel ids: <unk>=0, words 1..40, specials from 41 in SPECIALS order.
+HIDDEN = 128
+MAX_POSITIONS = 40960  # Qwen3-4B's (the released backbone); the stage cases run at max_model_len 128
+# The case's words (w0..w39, the requests draw from them) and some English ones for the
+# checkpoints of tests/checkpoints, whose users type text.
+WORDS = [f"w{i}" for i in range(40)] + (
+    "hello world the quick brown fox jumps over lazy dog a good day to you and thank this is my voice "
+    "it one please say"
+).split()
+SPECIALS = [
+    "<|endoftext|>",
+    "<|tts|>",
+    "<|text|>",
+    "<|audio|>",
+    "<|ref_audio|>",
+    "<|ref_text|>",
+    "<|audio_end|>",
+]
+TEXT_VOCAB = 128
+# WordLevel ids: <unk>=0, the words from 1, the specials after them in SPECIALS order.
 ID = {tok: 1 + len(WORDS) + i for i, tok in enumerate(SPECIALS)}
-EOS, TTS, TEXT, AUDIO, REF_AUDIO = (
+EOS, TTS, TEXT, AUDIO, REF_AUDIO, AUDIO_END = (
     ID["<|endoftext|>"],
     ID["<|tts|>"],
     ID["<|text|>"],
     ID["<|audio|>"],
     ID["<|ref_audio|>"],
+    ID["<|audio_end|>"],
 )
+assert max(ID.values()) < TEXT_VOCAB
 
 
-def _write_tokenizer(path: Path) -> None:
+def write_tokenizer(path: Path) -> None:
+    """An offline WordLevel tokenizer with the Higgs specials as added tokens (the talker's
+    config class resolves ``<|tts|>``, ``<|text|>``, ``<|audio|>`` and eos from it)."""
     from tokenizers import AddedToken, Tokenizer, models, pre_tokenizers
 
     vocab = {"<unk>": 0, **{w: i + 1 for i, w in enumerate(WORDS)}}
@@ -69,18 +93,17 @@ def _write_tokenizer(path: Path) -> None:
                 "tokenizer_class": "PreTrainedTokenizerFast",
                 "eos_token": "<|endoftext|>",
                 "unk_token": "<unk>",
-                "model_max_length": 256,
+                "model_max_length": MAX_POSITIONS,
             }
         )
     )
 
 
-def write_checkpoint(path: Path) -> Path:
-    path = Path(path)
-    path.mkdir(parents=True, exist_ok=True)
-    config = {
+def higgs_config(arch: str) -> dict:
+    """``config.json`` (model_type ``higgs_multimodal_qwen3``) with the tiny sizes."""
+    return {
         "model_type": "higgs_multimodal_qwen3",
-        "architectures": ["HiggsAudioV3TalkerForConditionalGeneration"],
+        "architectures": [arch],
         "audio_encoder_config": {
             "encoder_type": "discrete",
             "num_codebooks": NUM_CODEBOOKS,
@@ -91,6 +114,8 @@ def write_checkpoint(path: Path) -> Path:
         "codebook_size": CODEBOOK_SIZE,
         "audio_stream_bos_id": 1024,
         "audio_stream_eos_id": 1025,
+        "sample_rate": 24000,
+        "frame_rate": 25,
         # The per-layer MLP CUDA graph and the FlashInfer unwrap are GPU-only paths.
         "enable_mlp_cudagraph": False,
         "enable_flashinfer_api_unwrap": False,
@@ -98,21 +123,26 @@ def write_checkpoint(path: Path) -> Path:
         "text_config": {
             "model_type": "qwen3",
             "vocab_size": TEXT_VOCAB,
-            "hidden_size": 128,
+            "hidden_size": HIDDEN,
             "intermediate_size": 256,
             "num_hidden_layers": 1,
             "num_attention_heads": 2,
             "num_key_value_heads": 1,
             "head_dim": 64,
-            "max_position_embeddings": 256,
+            "max_position_embeddings": MAX_POSITIONS,
             "rms_norm_eps": 1e-6,
             "rope_theta": 1000000,
             "tie_word_embeddings": False,
             "eos_token_id": EOS,
         },
     }
-    (path / "config.json").write_text(json.dumps(config, indent=1))
-    _write_tokenizer(path)
+
+
+def write_checkpoint(path: Path) -> Path:
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "config.json").write_text(json.dumps(higgs_config(ARCH), indent=1))
+    write_tokenizer(path)
     return path
 
 
@@ -140,6 +170,9 @@ def requests() -> list[RealRequest]:
         RealRequest("zero_shot", zero_shot, max_tokens=8),
         RealRequest("short", short, max_tokens=6),
         RealRequest("clone", clone, max_tokens=7, payload=payload),
+        # Sampled as deployed (temperature 1.0), seeded: the LM token and the codes draw from the
+        # request's generator in the order the model's sampler and the runner call them.
+        RealRequest("sampled", short, max_tokens=12, temperature=1.0, sampling_seed=3),
     ]
 
 
@@ -157,7 +190,7 @@ CASE = RealStageCase(
     name="higgs_audio_v3_talker",
     omnigen_model="higgs_audio_v3",
     omnigen_stage="talker",
-    arch="HiggsAudioV3TalkerForConditionalGeneration",
+    arch=ARCH,
     model_class="vllm_omni.model_executor.models.higgs_audio_v3.higgs_audio_v3_talker.HiggsAudioV3TalkerForConditionalGeneration",
     oracle_runner="vllm_omni.worker.gpu_ar_model_runner.GPUARModelRunner",
     write_checkpoint=write_checkpoint,

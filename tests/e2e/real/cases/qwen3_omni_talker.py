@@ -60,9 +60,22 @@ MROPE = {
 }
 
 
-def hf_config(**top_level):
-    """The tiny ``Qwen3OmniMoeConfig`` (also used by the thinker case); ``top_level`` overrides
-    top-level fields (the thinker case moves the tts_* token ids into its tiny vocab)."""
+def hf_config(
+    *,
+    thinker_vocab: int = THINKER_VOCAB,
+    talker_vocab: int = TALKER_VOCAB,
+    code_vocab: int = CODE_VOCAB,
+    code_groups: int = NUM_CODE_GROUPS,
+    talker: dict | None = None,
+    **top_level,
+):
+    """The tiny ``Qwen3OmniMoeConfig`` (also used by the thinker case and by
+    ``tests/checkpoints/qwen3_omni.py``); ``top_level`` overrides top-level fields (the thinker case
+    moves the tts_* token ids into its tiny vocab). The vocabularies and the code groups (the
+    talker's and code predictor's ``num_code_groups``, code2wav's ``num_quantizers``; the code
+    predictor's vocabulary is code2wav's codebook) default to this case's; the checkpoint writer
+    keeps the released ones, which the glue and code2wav's forward read. ``talker`` updates
+    ``talker_config``'s top-level fields (its special ids, speakers)."""
     from transformers.models.qwen3_omni_moe.configuration_qwen3_omni_moe import Qwen3OmniMoeConfig
 
     cfg = Qwen3OmniMoeConfig(
@@ -98,7 +111,7 @@ def hf_config(**top_level):
                 "apply_vit_abs_pos_embed": True,
             },
             "text_config": {
-                "vocab_size": THINKER_VOCAB,
+                "vocab_size": thinker_vocab,
                 "hidden_size": THINKER_HIDDEN,
                 "intermediate_size": 256,
                 # Two layers: the thinker captures layer 0 and accept_hidden_layer for the talker.
@@ -115,7 +128,7 @@ def hf_config(**top_level):
         },
         talker_config={
             "text_config": {
-                "vocab_size": TALKER_VOCAB,
+                "vocab_size": talker_vocab,
                 "hidden_size": TALKER_HIDDEN,
                 "intermediate_size": 256,
                 "num_hidden_layers": 1,
@@ -130,17 +143,17 @@ def hf_config(**top_level):
                 "rope_parameters": dict(MROPE),
             },
             "code_predictor_config": {
-                "vocab_size": CODE_VOCAB,
+                "vocab_size": code_vocab,
                 "hidden_size": TALKER_HIDDEN,
                 "intermediate_size": 256,
                 "num_hidden_layers": 1,
                 "num_attention_heads": 2,
                 "num_key_value_heads": 1,
                 "head_dim": 64,
-                "num_code_groups": NUM_CODE_GROUPS,
+                "num_code_groups": code_groups,
                 "max_position_embeddings": 64,
             },
-            "num_code_groups": NUM_CODE_GROUPS,
+            "num_code_groups": code_groups,
             "thinker_hidden_size": THINKER_HIDDEN,
             "accept_hidden_layer": 1,
             # Codec specials inside the suppressed tail, as in the released checkpoint.
@@ -151,15 +164,16 @@ def hf_config(**top_level):
             "codec_think_bos_id": 1064,
             "codec_think_eos_id": 1065,
             "speaker_id": {"ethan": 1070, "chelsie": 1071},
+            **(talker or {}),
         },
         code2wav_config={
-            "codebook_size": CODE_VOCAB,
+            "codebook_size": code_vocab,
             "hidden_size": 64,
             "num_attention_heads": 1,
             "num_key_value_heads": 1,
             "intermediate_size": 128,
             "num_hidden_layers": 1,
-            "num_quantizers": NUM_CODE_GROUPS,
+            "num_quantizers": code_groups,
             "upsample_rates": [2, 2],
             "upsampling_ratios": [2],
             "decoder_dim": 64,
@@ -266,8 +280,9 @@ CASE = RealStageCase(
         "model_arch": "Qwen3OmniMoeForConditionalGeneration",
         "worker_type": "ar",
         "engine_output_type": "latent",
-        # As conf/model/qwen3_omni.yaml ships it (and omnigen's worker installs it): async chunks on.
-        "async_chunk": True,
+        # As conf/model/qwen3_omni.yaml ships it (and omnigen's worker installs it): async chunks
+        # off, the full-payload form (decode reads the trailing text from the buffer, :1140).
+        "async_chunk": False,
         "hf_config_name": "talker_config",
         # Left out on purpose: requires_full_payload_input=True and
         # custom_process_next_stage_input_func (talker2code2wav_full_payload) make the runner

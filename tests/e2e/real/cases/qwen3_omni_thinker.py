@@ -111,8 +111,9 @@ CASE = RealStageCase(
         "worker_type": "ar",
         "engine_output_type": "latent",
         "final_output": True,
-        # As conf/model/qwen3_omni.yaml ships it (and omnigen's worker installs it): async chunks on.
-        "async_chunk": True,
+        # As conf/model/qwen3_omni.yaml ships it (and omnigen's worker installs it): async chunks
+        # off, the full-payload form.
+        "async_chunk": False,
         "hf_config_name": "thinker_config",
         # Left out: custom_process_next_stage_input_func (thinker2talker_full_payload) makes the
         # runner build vllm-omni's connector; the step payloads are read off the runner output.
