@@ -260,10 +260,8 @@ def make_app(
             )
             try:
                 out = await _until_done(future, request, settings.request_timeout_s)
-            except PipelineError as exc:
-                raise dead_stage() or _input_error(exc) or HTTPException(500, str(exc)) from exc
             except Exception as exc:
-                if (refusal := dead_stage() or _dead_engine_error(exc) or _vllm_input_error(exc)) is not None:
+                if (refusal := refusal_for(exc)) is not None:
                     raise refusal from exc
                 raise
         finally:
@@ -320,12 +318,7 @@ def make_app(
         except BaseException as exc:
             admission.release()
             await items.aclose()
-            if isinstance(exc, PipelineError):
-                raise dead_stage() or _input_error(exc) or HTTPException(500, str(exc)) from exc
-            if (
-                isinstance(exc, Exception)
-                and (refusal := dead_stage() or _dead_engine_error(exc)) is not None
-            ):
+            if isinstance(exc, Exception) and (refusal := refusal_for(exc)) is not None:
                 raise refusal from exc
             raise
         metrics.first_audio_seconds.observe(time.perf_counter() - arrived)
@@ -356,6 +349,13 @@ def make_app(
                 await items.aclose()
 
         return StreamingResponse(body_bytes(), media_type=writer.media_type)
+
+    def refusal_for(exc: Exception) -> HTTPException | None:
+        """The HTTP answer to a request the pipeline failed: 503 for a dead engine, 400 for input
+        a stage refused, 500 for any other pipeline error; None: not the pipeline's (re-raised)."""
+        if isinstance(exc, PipelineError):
+            return dead_stage() or _input_error(exc) or HTTPException(500, str(exc))
+        return dead_stage() or _dead_engine_error(exc) or _vllm_input_error(exc)
 
     def busy_message() -> str:
         return (

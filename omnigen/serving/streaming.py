@@ -23,7 +23,6 @@ slow reader stops the driver from submitting more (the producer keeps running: i
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import contextlib
 import itertools
 import time
@@ -323,12 +322,10 @@ def stream(
     if pipeline.mode != "mp":
         yield from stream_inproc(pipeline, prompt, sampling, request_id, payload)
         return
-    items: concurrent.futures.Future[Any]
     iterator = stream_async(pipeline, prompt, sampling, request_id, payload)
     try:
         while True:
-            items = pipeline.run(_next(iterator))
-            item = items.result()
+            item = pipeline.run(_next(iterator)).result()
             if item is _END:
                 return
             yield item
@@ -380,18 +377,16 @@ def stream_inproc(
             yield AudioChunk(0, whole.audio.reshape(-1).float(), time.perf_counter() - started)
         yield whole
         return
+    if edge:  # the stages before would need their finished outputs handed over here too
+        raise PipelineError(
+            f"inproc streaming after stage {pipeline.stages[edge - 1].plan.stage!r}: only a pipeline "
+            "whose first stage streams runs in process; use mode='mp'"
+        )
     producer, consumer = pipeline.stages[edge], pipeline.stages[edge + 1]
     function, frames_of = window_function(producer.plan.stream)
     result = PipelineOutput(request_id=rid)
     got = pipeline._entry(rid, payload)
     current: dict[str, Any] = dict(prompt)
-    if edge:
-        (before,) = pipeline.generate(
-            [prompt], sampling, [rid], [payload], last_stage=pipeline.stages[edge - 1].plan.stage
-        )
-        result = before
-        last = pipeline.stages[edge - 1]
-        current, got = pipeline._handoff(last, rid, _as_output(before, last), prompt, got)
     engine = producer.engine.llm_engine
     engine_id = f"{rid}-{producer.plan.stage}"
     engine.add_request(engine_id, current, _producer_params(pipeline, producer, sampling, got))
@@ -437,10 +432,3 @@ def stream_inproc(
         _drop(got.handle)
     _finish(result, consumer, chunks, started)
     yield result
-
-
-def _as_output(result: PipelineOutput, runtime: StageRuntime) -> Any:
-    raise PipelineError(
-        f"inproc streaming after stage {runtime.plan.stage!r}: only a pipeline whose first stage "
-        "streams runs in process; use mode='mp'"
-    )
