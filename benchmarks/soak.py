@@ -122,6 +122,9 @@ class Planned:
     """Send the body without a Content-Length (chunked)."""
 
 
+SPEECH = "/v1/audio/speech"
+GENERATE = "/v1/omnigen/generate"
+
 MALFORMED_VARIANTS = (
     "oov_token",
     "negative_token",
@@ -223,6 +226,7 @@ def _disconnecting(rng: random.Random, index: int, settings: SoakSettings) -> Pl
 def _malformed(rng: random.Random, index: int, variant: str, settings: SoakSettings, key: str) -> Planned:
     headers: dict[str, str] = {}
     chunked = False
+    path = SPEECH if index % 4 else GENERATE
     if variant == "oov_token":
         ids = [rng.randrange(VOCAB) for _ in range(rng.randint(0, 20))]
         ids.insert(rng.randint(0, len(ids)), rng.choice([VOCAB, VOCAB + 1, 10**6, 2**31, 2**63]))
@@ -232,7 +236,11 @@ def _malformed(rng: random.Random, index: int, variant: str, settings: SoakSetti
     elif variant == "non_int_token":
         body = _json({"prompt_token_ids": [rng.randrange(VOCAB), rng.choice([True, False, 1.0, "7", None])]})
     elif variant == "unknown_field":
-        extra = rng.choice([{"speed": 2.0}, {"inputs": "hi"}, {"temperature": 0.5}, {"stream": True}])
+        # Fields neither route has; the audio-output fields (speed, stream, ...) only where they
+        # would be ignored: /v1/omnigen/generate answers JSON.
+        extra = rng.choice([{"inputs": "hi"}, {"temperature": 0.5}, {"speeed": 2.0}, {"streaming": True}])
+        if path == GENERATE:
+            extra = rng.choice([extra, {"speed": 2.0}, {"stream": True}, {"response_format": "mp3"}])
         body = _json({"input": _text(rng, 10), **extra})
     elif variant == "wrong_type":
         body = _json(
@@ -278,7 +286,6 @@ def _malformed(rng: random.Random, index: int, variant: str, settings: SoakSetti
         body = _json({"input": "hi"})
     else:
         raise ValueError(variant)
-    path = "/v1/audio/speech" if index % 4 else "/v1/omnigen/generate"
     return Planned(index, "malformed", variant, path, body, headers, settings.request_timeout_s, chunked)
 
 

@@ -57,7 +57,11 @@ log = logging.getLogger("omnigen.serving")
 DISCONNECT_POLL_S = 0.05
 
 
-class SpeechRequest(BaseModel):
+class GenerateRequest(BaseModel):
+    """What a pipeline request says, for any route; ``POST /v1/omnigen/generate`` reads this alone
+    (it answers JSON, so the audio-output fields of :class:`SpeechRequest` would be ignored there:
+    they are refused as unknown instead)."""
+
     # A field this server does not know is refused (422 naming it), never dropped.
     model_config = ConfigDict(extra="forbid")
 
@@ -79,15 +83,6 @@ class SpeechRequest(BaseModel):
     """A precomputed speaker embedding to clone instead of ``ref_audio``."""
     non_streaming_mode: bool | None = None
     """The model's prompt layout (Qwen3-TTS: all text at prefill); not HTTP streaming."""
-    response_format: str = "wav"
-    """wav, pcm, flac, mp3, opus or aac (a stream: pcm or wav)."""
-    speed: float = Field(default=1.0, allow_inf_nan=False)
-    """0.25 to 4.0: the audio sped up or slowed down, pitch kept (FFmpeg's atempo)."""
-    stream: bool = False
-    """Answer ``text/event-stream`` events as the audio is made (``stream_format`` sse)."""
-    stream_format: str | None = None
-    """``sse``: events ``speech.audio.delta`` (base64 PCM16) then ``speech.audio.done``;
-    ``audio``: the raw body (pcm, or wav with a streaming header) as it is made."""
     seed: int | None = Field(default=None, ge=0, le=2**63 - 1)
     max_tokens: int | None = Field(default=None, gt=0, le=2**31 - 1)
     """The first stage's token budget (vllm-omni: ``max_new_tokens``)."""
@@ -110,6 +105,20 @@ class SpeechRequest(BaseModel):
             max_new_tokens=self.max_new_tokens or self.max_tokens,
             seed=self.seed,
         )
+
+
+class SpeechRequest(GenerateRequest):
+    """``POST /v1/audio/speech``: a pipeline request and how its audio is answered."""
+
+    response_format: str = "wav"
+    """wav, pcm, flac, mp3, opus or aac (a stream: pcm or wav)."""
+    speed: float = Field(default=1.0, allow_inf_nan=False)
+    """0.25 to 4.0: the audio sped up or slowed down, pitch kept (FFmpeg's atempo)."""
+    stream: bool = False
+    """Answer ``text/event-stream`` events as the audio is made (``stream_format`` sse)."""
+    stream_format: str | None = None
+    """``sse``: events ``speech.audio.delta`` (base64 PCM16) then ``speech.audio.done``;
+    ``audio``: the raw body (pcm, or wav with a streaming header) as it is made."""
 
 
 class ChatAudio(BaseModel):
@@ -216,12 +225,12 @@ def make_app(
         stage, reason = next(iter(health.dead.items()))
         return HTTPException(503, f"stage {stage!r}'s engine is dead ({reason}); the server is restarting")
 
-    async def run(body: SpeechRequest, request: Request) -> PipelineOutput:
+    async def run(body: GenerateRequest, request: Request) -> PipelineOutput:
         arrived = time.perf_counter()
         built, sampling = checked(body)
         return await execute(built, sampling, request, arrived)
 
-    def checked(body: SpeechRequest) -> tuple[BuiltRequest, dict[str, Any]]:
+    def checked(body: GenerateRequest) -> tuple[BuiltRequest, dict[str, Any]]:
         """The request's first-stage prompt and payload and its per-stage sampling, checked
         against the whole pipeline (a 4xx naming the field otherwise)."""
         if body.model not in (None, settings.model):
@@ -466,7 +475,7 @@ def make_app(
         }
 
     @app.post("/v1/omnigen/generate")
-    async def generate(body: SpeechRequest, request: Request) -> dict[str, Any]:
+    async def generate(body: GenerateRequest, request: Request) -> dict[str, Any]:
         out = await run(body, request)
         return {
             "request_id": out.request_id,

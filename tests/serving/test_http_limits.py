@@ -85,3 +85,20 @@ def test_two_run_one_waits_the_rest_get_429_then_all_are_served(app_and_pipeline
     assert "serve.max_concurrent_requests" in refused.json()["detail"]
     assert [r.status_code for r in served] == [200, 200, 200]
     assert held.submitted == 3  # the refused request never reached the pipeline
+
+
+@pytest.mark.parametrize("field", [{"speed": 2.0}, {"stream": True}, {"response_format": "mp3"}])
+def test_generate_refuses_the_audio_output_fields_it_would_ignore(app_and_pipeline, field):
+    # /v1/omnigen/generate answers JSON: speed, stream or a format there would change nothing.
+    app, held = app_and_pipeline
+
+    async def scenario():
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://test", timeout=30) as client:
+            return await client.post("/v1/omnigen/generate", json={"input": "hi", **field})
+
+    refused = asyncio.run(scenario())
+    assert refused.status_code == 422
+    (name,) = field
+    assert refused.json()["detail"][0]["loc"] == ["body", name]
+    assert held.submitted == 0
