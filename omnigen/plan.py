@@ -515,7 +515,10 @@ def _plan_stage(
     )
 
     published = _decide_publishing(stage, accumulates, feeds_input_function, decide, key)
-    _decide_streaming(stage, accumulates, decide, key)
+    # What a streaming edge's windows read: the payload a producer accumulates, or, where the next
+    # stage's input_function is the edge's glue, every key this stage publishes (the same fold).
+    readable = accumulates or (feeds_input_function and not model.async_chunk)
+    _decide_streaming(stage, readable, feeds_input_function, decide, key)
     _decide_step_outputs(stage, decide, key)
     model_config_fields = _decide_model_config(model, stage, decide, key)
 
@@ -631,9 +634,11 @@ def _plan_stage(
     )
 
 
-def _decide_streaming(stage: StageSpec, accumulates: bool, decide: Any, key: str) -> None:
+def _decide_streaming(
+    stage: StageSpec, readable: bool, feeds_input_function: bool, decide: Any, key: str
+) -> None:
     """Whether the edge to the next stage streams (windows decoded while this stage runs)."""
-    if not stage.producer:
+    if not stage.producer and not feeds_input_function:
         return
     stream = stage.stream
     if stream is None:
@@ -644,7 +649,7 @@ def _decide_streaming(stage: StageSpec, accumulates: bool, decide: Any, key: str
             f"{key}.stream.enabled",
         )
         return
-    if not accumulates:
+    if not readable:
         # async_chunk: vllm-omni's own connector hands the chunks over; the stage publishes none.
         decide(
             "stream",
@@ -663,10 +668,24 @@ def _decide_streaming(stage: StageSpec, accumulates: bool, decide: Any, key: str
             "ramp": list(stream.ramp),
             "chunk_frames": stream.chunk_frames,
             "left_context_frames": stream.left_context_frames,
+            "coalesce": stream.coalesce,
+            "playback_rate_hz": stream.playback_rate_hz,
+            "playback_lead_s": stream.playback_lead_s,
         },
         f"windows of {stream.initial_chunk_frames}{ramp}, then {stream.chunk_frames} frames, each "
         f"decoded with {stream.left_context_frames} frames before it, while this stage runs "
-        f"({stream.window})",
+        f"({stream.window}); "
+        + (
+            "one at a time per request, the next taking every window ready (they grow when the next stage lags)"
+            if stream.coalesce
+            else "each its own size, several decoding at once"
+        )
+        + (
+            f"; after the first, held until the caller has {stream.playback_lead_s} s of audio left "
+            f"to play at {stream.playback_rate_hz} frames/s"
+            if stream.playback_rate_hz
+            else ""
+        ),
         f"{key}.stream",
     )
 

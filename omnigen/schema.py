@@ -302,6 +302,23 @@ class StreamConf:
     """Sizes of the windows after the first, before ``chunk_frames`` takes over (e.g.
     ``[4, 8, 16]``); empty: none."""
 
+    coalesce: bool = True
+    """A request's windows are decoded one after another, and the next takes every window of
+    frames ready by then: when the next stage lags (under load), windows grow, so it gets fewer
+    requests and decodes less left context again. False: each window its own size, up to four
+    decoding at once. Either way the window edges lie on the same grid."""
+
+    playback_rate_hz: Optional[float] = None
+    """Codec frames per second of the audio the next stage makes (Qwen3-TTS-12Hz: 12.5). Set, a
+    request's windows after the first are held while the caller still has more than
+    ``playback_lead_s`` of audio to play (counted from its first audio, played in real time),
+    then take every frame ready: a producer faster than real time sends fewer, larger windows.
+    Needs ``coalesce``. Null: each window goes as soon as it is ready."""
+
+    playback_lead_s: float = 1.0
+    """With ``playback_rate_hz``: how much audio the caller still has to play when the next
+    window is sent (covers decoding it and the trip to the caller)."""
+
 
 @dataclass
 class CheckpointConf:

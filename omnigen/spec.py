@@ -101,6 +101,9 @@ class StreamSpec:
     left_context_frames: int
     initial_chunk_frames: int
     ramp: tuple[int, ...] = ()
+    coalesce: bool = True
+    playback_rate_hz: float | None = None
+    playback_lead_s: float = 1.0
 
     def window_sizes(self, count: int) -> list[int]:
         """The first ``count`` window sizes: the first window, the ramp, then ``chunk_frames``."""
@@ -619,6 +622,9 @@ def _stream_spec(stream: Any) -> StreamSpec | None:
         left_context_frames=stream.left_context_frames,
         initial_chunk_frames=stream.initial_chunk_frames,
         ramp=tuple(stream.ramp),
+        coalesce=stream.coalesce,
+        playback_rate_hz=stream.playback_rate_hz,
+        playback_lead_s=stream.playback_lead_s,
     )
 
 
@@ -629,7 +635,20 @@ def _check_edges(stages: tuple[StageSpec, ...], findings: _Findings) -> None:
             f"stages.{stages[0].name}.input_function",
             "the first stage has no previous stage; its input is the caller's prompt: remove it",
         )
+    if stages and stages[-1].stream is not None and stages[-1].next_stage_input is None:
+        # (A last stage with a next_stage_input has its own finding.)
+        findings.add(
+            f"stages.{stages[-1].name}.stream.enabled",
+            "streams to the next stage, but the last stage feeds none; turn it off",
+        )
     for before, after in zip(stages, stages[1:], strict=False):
+        if before.stream is not None and before.next_stage_input is None and after.input_function is None:
+            # The windows replace the edge's glue, so the edge must have one (on either side).
+            findings.add(
+                f"stages.{before.name}.stream.enabled",
+                f"streams to {after.name!r}, but the edge has no glue function (next_stage_input is null "
+                f"and {after.name!r} names no input_function); turn it off",
+            )
         if before.stream is not None and after.kind is not StageKind.generation:
             findings.add(
                 f"stages.{before.name}.stream.enabled",
@@ -697,15 +716,24 @@ def _check_stream(stage: Any, key: str, add: Any) -> None:
     for i, size in enumerate(stream.ramp):
         if size < 1:
             add(f"{key}.stream.ramp[{i}]", f"{size} frames: a window holds at least 1 frame")
+    if stream.playback_rate_hz is not None:
+        if not stream.playback_rate_hz > 0:
+            add(
+                f"{key}.stream.playback_rate_hz",
+                f"{stream.playback_rate_hz}: write frames per second above 0, or null",
+            )
+        if not stream.coalesce:
+            add(
+                f"{key}.stream.playback_rate_hz",
+                "holding windows for playback needs coalesce (a held window takes every frame ready); "
+                "set coalesce: true or playback_rate_hz: null",
+            )
+    if not stream.playback_lead_s >= 0:
+        add(f"{key}.stream.playback_lead_s", f"{stream.playback_lead_s}: write 0 or more seconds")
     if stream.window is not None:
         _check_glue_name(stream.window, f"{key}.stream.window", add)
     if not stream.enabled:
         return
-    if stage.next_stage_input is None:
-        add(
-            f"{key}.stream.enabled",
-            "streams to the next stage, but the stage feeds none (next_stage_input is null); turn it off",
-        )
     if stream.window is None:
         add(
             f"{key}.stream.window",

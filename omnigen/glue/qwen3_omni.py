@@ -25,7 +25,10 @@ from .types import (
     GlueError,
     NextStageInput,
     StageResult,
+    Window,
+    WindowInput,
     bounds_next_prompt,
+    counts_frames,
     finished_flag,
     first_tensor,
     owned_cpu,
@@ -49,6 +52,7 @@ EMBEDDING_LAYER = 0
 
 THINKER2TALKER = "omnigen.glue.qwen3_omni.thinker2talker"
 TALKER2CODE2WAV = "omnigen.glue.qwen3_omni.talker2code2wav"
+TALKER2CODE2WAV_WINDOW = "omnigen.glue.qwen3_omni.talker2code2wav_window"
 
 
 def talker_prompt_length(prompt_token_ids: Sequence[int], all_token_ids: Sequence[int]) -> int:
@@ -218,3 +222,87 @@ def talker2code2wav(source: StageResult) -> NextStageInput:
     flat = rows.transpose(0, 1).cpu().reshape(-1).tolist()
     payload = {"codes": {"audio": flat}, "meta": {"finished": finished_flag()}}
     return NextStageInput(prompt_token_ids=list(flat), payload=payload)
+
+
+def _frames_so_far(source: StageResult) -> torch.Tensor:
+    """The talker's codec frames so far, ``(frames, Q)``: ``codec_rows`` of the payload so far,
+    which for a finished take are the rows ``talker2code2wav`` sends (rows and output ids align
+    from the end at every step, so an unfinished take's frames are the first of its final ones)."""
+    codes = source.get("codes.audio")
+    if codes is None:
+        return torch.zeros((0, DEFAULT_NUM_CODE_GROUPS), dtype=torch.long)
+    codes = codes if isinstance(codes, torch.Tensor) else torch.as_tensor(codes)
+    if codes.ndim != 2 or codes.numel() == 0:
+        return torch.zeros((0, DEFAULT_NUM_CODE_GROUPS), dtype=torch.long)
+    return codec_rows(codes.to(torch.long), source.output_token_ids)
+
+
+def decoder_geometry(source: StageResult) -> tuple[int, int]:
+    """code2wav's ``(samples per frame, right-edge loss)`` from ``code2wav_config``.
+
+    The decoder is causal: each of its ``upsample_rates`` blocks is a transposed convolution of
+    kernel ``2r``, stride ``r``, trimmed ``r`` on both sides, so ``L`` inputs give ``(L - 1) r``
+    outputs, and ``T`` frames decode to ``T * total_upsample - tail`` samples, ``tail = sum over i
+    of prod(upsample_rates[i:])`` (555 for the released 8, 5, 4, 3). vllm-omni's async-chunk
+    decode (``chunked_decode_streaming``) keeps ``[left * total_upsample - tail, ...)`` of a window
+    for the same reason: the left context's last ``tail`` samples refill the previous window's
+    missing end (vllm-omni #4706, #4828: clicks when they were dropped).
+    """
+    config = getattr(source.hf_config, "code2wav_config", None)
+    rates = getattr(config, "upsample_rates", None)
+    ratios = getattr(config, "upsampling_ratios", None)
+    if rates is None or ratios is None:
+        raise GlueError(
+            TALKER2CODE2WAV_WINDOW,
+            source.request_id,
+            "code2wav's samples per frame are unknown: give StageResult.hf_config (the model's HF config, "
+            "with code2wav_config.upsample_rates and upsampling_ratios)",
+        )
+    total = 1
+    for factor in [*rates, *ratios]:
+        total *= int(factor)
+    tail, product = 0, 1
+    for rate in reversed([int(rate) for rate in rates]):
+        product *= rate
+        tail += product
+    return total, tail
+
+
+@counts_frames(lambda source: int(_frames_so_far(source).shape[0]))
+def talker2code2wav_window(source: StageResult, window: Window) -> WindowInput:
+    """One window of the talker's frames -> a code2wav request for it (the streaming form of
+    ``talker2code2wav``; vllm-omni's ``talker2code2wav_async_chunk``, one window per request).
+
+    * The codes: the window's frames and the ``left_context`` frames before it, codebook-major,
+      as the prompt (code2wav decodes its input ids) and as ``codes.audio``.
+    * ``meta.left_context_size``: vllm-omni's chunk metadata. The model reads it only under
+      vllm-omni's ``async_chunk``, which plain vLLM never sets: it then decodes every code
+      (``chunked_decode``) and trims nothing, so the driver drops ``left * total_upsample - tail``
+      samples (``decoder_geometry``), what vllm-omni's async-chunk decode drops, and keeps the
+      window's own ``frames * total_upsample`` (less ``tail`` for the first) after them.
+    * ``meta.finished`` is true: each window is a whole code2wav request (vllm-omni's flag marks
+      the last chunk of its one long-lived request).
+    """
+    frames = _frames_so_far(source)
+    left = window.left_context
+    if window.start < left or window.end > frames.shape[0]:
+        raise GlueError(
+            TALKER2CODE2WAV_WINDOW,
+            source.request_id,
+            f"window {window.index} needs frames [{window.start - left}, {window.end}), "
+            f"the payload holds {int(frames.shape[0])}",
+        )
+    codes = frames[window.start - left : window.end].transpose(0, 1).to("cpu", torch.long).reshape(-1)
+    upsample, tail = decoder_geometry(source)
+    payload = {
+        "codes": {"audio": codes},
+        "meta": {"left_context_size": left, "finished": finished_flag()},
+    }
+    # Alone, a window decodes to (left + frames) * upsample - tail samples; batched with a longer
+    # one it runs on into the zero padding: keep the window's own (the first one's end is short).
+    own = (window.end - window.start) * upsample - (0 if left else tail)
+    return WindowInput(
+        request=NextStageInput(prompt_token_ids=codes.tolist(), payload=payload),
+        drop_samples=max(left * upsample - tail, 0) if left else 0,
+        keep_samples=own,
+    )

@@ -150,6 +150,10 @@ class WindowInput:
 
     request: NextStageInput
     drop_samples: int = 0
+    keep_samples: int | None = None
+    """How many samples after the dropped ones are this window's (the rest are cut); None: all.
+    A decoder whose output length follows its batch (Qwen3-Omni's code2wav decodes a shorter row
+    on into the batch's zero padding) needs it."""
 
 
 WindowGlue = Callable[[StageResult, Window], WindowInput]

@@ -7,9 +7,12 @@ scheduler attaches the payload so far to the request's unfinished output
 window function's ``frames_of``), cuts the windows that are ready (``WindowCutter``: the first
 window, the ramp, then ``chunk_frames`` each, and the remainder when the producer finishes) and
 submits one request per window to the next stage, a generation stage (one decode, ``max_tokens``
-1), each with ``left_context_frames`` frames before it, through the edge's transport. Windows of
-one request run concurrently in the consumer's engine (batched with every other request's); their
-audio comes back in window order, the left context's samples dropped.
+1), each with ``left_context_frames`` frames before it, through the edge's transport. With
+``coalesce`` (the default) a request's windows decode one after another and the next one takes
+every window of the grid ready by then, so a consumer that lags under load gets fewer, larger
+windows (fewer requests, less left context decoded twice); without it, windows of one request
+decode concurrently. Windows of all requests batch in the consumer's engine; audio comes back in
+window order, the left context's samples dropped.
 
 Everything runs on vLLM's own extension points: unfinished ``RequestOutput`` objects of the
 producer (``RequestOutputKind.CUMULATIVE``: an output vLLM merges into a later unread one keeps
@@ -24,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import itertools
 import time
 import uuid
@@ -72,6 +76,7 @@ class WindowCutter:
         self.stream = stream
         self.sent = 0
         self.count = 0
+        self.taken = 0
 
     def ready(self, frames: int, finished: bool) -> list[Window]:
         windows = []
@@ -84,6 +89,21 @@ class WindowCutter:
             windows.append(Window(self.count, self.sent, end, left, last=finished and end == frames))
             self.sent, self.count = end, self.count + 1
         return windows
+
+    def take(self, frames: int, finished: bool) -> list[Window]:
+        """The windows to submit now: with ``coalesce``, every window ready merged into one
+        (numbered in submission order; its edges still on the grid), else each ready one."""
+        ready = self.ready(frames, finished)
+        if not self.stream.coalesce or len(ready) < 2:
+            windows = ready
+        else:
+            first, last = ready[0], ready[-1]
+            windows = [Window(first.index, first.start, last.end, first.left_context, last.last)]
+        numbered = [
+            Window(self.taken + i, w.start, w.end, w.left_context, w.last) for i, w in enumerate(windows)
+        ]
+        self.taken += len(numbered)
+        return numbered
 
 
 def publish_points(stream: StreamSpec) -> dict[str, Any]:
@@ -132,8 +152,9 @@ def window_request(
     source: Any,
     window: Window,
     function: Callable[..., WindowInput],
-) -> tuple[dict[str, Any], Carried, int]:
-    """A window's consumer prompt, its payload's handle and the samples to drop."""
+) -> tuple[dict[str, Any], Carried, tuple[int, int | None]]:
+    """A window's consumer prompt, its payload's handle and which of its samples are its own
+    (``(drop, keep)``: ``WindowInput.drop_samples``, ``keep_samples``)."""
     try:
         made = function(source, window)
     except GlueError as exc:
@@ -148,19 +169,75 @@ def window_request(
     handle = producer.transport.put(f"{source.request_id}-w{window.index}", payload) if payload else {}
     if handle:
         pipeline._count_payload(handle)
-    return prompt, Carried(handle=handle, payload=payload), made.drop_samples
+    return prompt, Carried(handle=handle, payload=payload), (made.drop_samples, made.keep_samples)
 
 
 def chunk_of(
-    consumer: StageRuntime, out: Any, request_id: str, window: Window, drop: int, started: float
+    consumer: StageRuntime,
+    out: Any,
+    request_id: str,
+    window: Window,
+    trim: tuple[int, int | None],
+    started: float,
 ) -> AudioChunk:
+    drop, keep = trim
     samples = _audio_of(consumer.plan, stage_payload(out), request_id).reshape(-1)
-    if drop > samples.numel():
+    if drop > samples.numel() or (keep is not None and drop + keep > samples.numel()):
         raise PipelineError(
             f"stage {consumer.plan.stage!r}: window {window.index} of request {request_id!r} gave "
             f"{samples.numel()} samples, fewer than its left context's {drop}"
+            + ("" if keep is None else f" and its own {keep}")
         )
-    return AudioChunk(window.index, samples[drop:].to("cpu", torch.float32), time.perf_counter() - started)
+    own = samples[drop:] if keep is None else samples[drop : drop + keep]
+    return AudioChunk(window.index, own.to("cpu", torch.float32), time.perf_counter() - started)
+
+
+class Pacer:
+    """When a request's next window is due (``playback_rate_hz``): once the caller, playing its
+    audio in real time from the first window on, would have less than ``playback_lead_s`` left.
+    Until then the frames gather into one window. Without a rate, every window is due at once."""
+
+    def __init__(self, stream: StreamSpec) -> None:
+        self.rate = stream.playback_rate_hz
+        self.lead = stream.playback_lead_s
+        self.first_audio: float | None = None
+        """``time.monotonic()`` when the first window's audio was ready."""
+
+    def heard(self) -> None:
+        if self.first_audio is None:
+            self.first_audio = time.monotonic()
+
+    def wait_s(self, frames_sent: int) -> float:
+        """Seconds until a window after ``frames_sent`` frames is due (0: now)."""
+        if not self.rate or self.first_audio is None:
+            return 0.0
+        runs_out = self.first_audio + frames_sent / self.rate
+        return max(runs_out - self.lead - time.monotonic(), 0.0)
+
+
+class _Progress:
+    """A streaming producer's latest payload, as the submitter reads it."""
+
+    def __init__(self) -> None:
+        self.source: Any = None
+        self.frames = 0
+        self.finished = False
+        self.error: BaseException | None = None
+        self._changed = asyncio.Event()
+
+    def show(self, source: Any, frames: int, finished: bool) -> None:
+        self.source, self.frames, self.finished = source, frames, finished
+        self._changed.set()
+
+    def fail(self, error: BaseException) -> None:
+        self.error = error
+        self._changed.set()
+
+    async def wait(self, timeout: float | None = None) -> None:
+        """Until the producer shows more (or ``timeout`` seconds pass)."""
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(self._changed.wait(), timeout)
+        self._changed.clear()
 
 
 def _producer_params(
@@ -190,11 +267,13 @@ async def stream_async(
     payload: Mapping[str, Any] | None = None,
     *,
     ahead: int = DEFAULT_AHEAD,
+    coalesce: bool | None = None,
 ) -> AsyncIterator[AudioChunk | PipelineOutput]:
     """One request through the pipeline (``mp``), its audio as it is made: ``AudioChunk`` items
     in order, then the ``PipelineOutput`` (whole audio in ``audio``). Closing the iterator early
     aborts the request in every stage. A pipeline without a streaming edge yields its whole audio
-    as one chunk."""
+    as one chunk. ``coalesce``: this request's window policy instead of the edge's
+    (``stages.S.stream.coalesce``)."""
     if pipeline.mode != "mp":
         raise PipelineError("stream_async needs a pipeline started with mode='mp' (inproc: stream)")
     sampling = sampling or {}
@@ -208,14 +287,19 @@ async def stream_async(
         yield whole
         return
     producer, consumer = pipeline.stages[edge], pipeline.stages[edge + 1]
-    function, frames_of = window_function(producer.plan.stream)
+    policy = producer.plan.stream
+    if coalesce is not None:
+        policy = dataclasses.replace(policy, coalesce=coalesce)
+    function, frames_of = window_function(policy)
     in_flight: dict[str, StageRuntime] = {}
     """Engine request id -> its stage, for every request not yet finished (aborted on exit)."""
     handles: list[dict[str, Any]] = []
     slots = asyncio.Semaphore(max(ahead, 1))
     windows: asyncio.Queue[Any] = asyncio.Queue()
 
-    async def decode(window: Window, next_prompt: dict[str, Any], carried: Carried, drop: int) -> AudioChunk:
+    async def decode(
+        window: Window, next_prompt: dict[str, Any], carried: Carried, trim: tuple[int, int | None]
+    ) -> AudioChunk:
         engine_id = f"{result.request_id}-{consumer.plan.stage}-w{window.index}"
         in_flight[engine_id] = consumer
         final = None
@@ -228,12 +312,14 @@ async def stream_async(
             raise PipelineError(
                 f"stage {consumer.plan.stage!r}: window {window.index} of {result.request_id!r} did not finish"
             )
-        return chunk_of(consumer, final, result.request_id, window, drop, started)
+        return chunk_of(consumer, final, result.request_id, window, trim, started)
+
+    progress = _Progress()
 
     async def feed(current: dict[str, Any], got: Carried) -> None:
+        """Runs the producer, keeping ``progress`` at its latest payload."""
         name = producer.plan.stage
         engine_id = f"{result.request_id}-{name}"
-        cutter = WindowCutter(producer.plan.stream)
         final = None
         begun = time.perf_counter()
         in_flight[engine_id] = producer
@@ -245,12 +331,7 @@ async def stream_async(
             if not published:
                 continue  # no publishing point in this output (or merged into one without)
             source = stage_result(producer, result.request_id, out, prompt, got, published)
-            for window in cutter.ready(frames_of(source), out.finished):
-                await slots.acquire()
-                next_prompt, carried, drop = window_request(pipeline, producer, source, window, function)
-                handles.append(carried.handle)
-                pipeline.stream_windows += 1
-                windows.put_nowait(asyncio.ensure_future(decode(window, next_prompt, carried, drop)))
+            progress.show(source, frames_of(source), out.finished)
         in_flight.pop(engine_id, None)
         spent = time.perf_counter() - begun
         result.seconds[name] = spent
@@ -258,17 +339,56 @@ async def stream_async(
         if final is None or not final.finished:
             raise PipelineError(f"stage {name!r}: request {result.request_id!r} did not finish")
         pipeline._record(result, producer, final)
-        windows.put_nowait(None)
 
     async def fed(current: dict[str, Any], got: Carried) -> None:
         try:
             await feed(current, got)
-        except BaseException as exc:  # the reader raises it in order, after the windows before it
+        except BaseException as exc:  # the submitter hands it to the reader after the windows before it
+            progress.fail(exc)
+            if isinstance(exc, asyncio.CancelledError):
+                raise
+
+    async def submit() -> None:
+        """Cuts and submits the windows; with ``coalesce`` one decodes at a time, and the next
+        takes every window ready when it is done. A slot is taken before a window is cut, so
+        frames that arrive while the reader is behind join the next window too."""
+        cutter = WindowCutter(policy)
+        pacer = Pacer(policy)
+        while True:
+            await slots.acquire()
+            while True:
+                held = 0.0 if progress.finished else pacer.wait_s(cutter.sent)
+                if not held and (ready := cutter.take(progress.frames, progress.finished)):
+                    break
+                if progress.error is not None or (progress.finished and not held):
+                    slots.release()
+                    windows.put_nowait(progress.error)  # None: the producer's take is all decoded
+                    return
+                await progress.wait(held or None)
+            for i, window in enumerate(ready):
+                if i:
+                    await slots.acquire()
+                next_prompt, carried, trim = window_request(
+                    pipeline, producer, progress.source, window, function
+                )
+                handles.append(carried.handle)
+                pipeline.stream_windows += 1
+                decoding = asyncio.ensure_future(decode(window, next_prompt, carried, trim))
+                windows.put_nowait(decoding)
+            if policy.coalesce:
+                await asyncio.wait([decoding])  # the reader raises its error, if any
+                pacer.heard()
+
+    async def submitted() -> None:
+        try:
+            await submit()
+        except BaseException as exc:
             windows.put_nowait(exc)
             if isinstance(exc, asyncio.CancelledError):
                 raise
 
     feeder: asyncio.Task[None] | None = None
+    submitter: asyncio.Task[None] | None = None
     got = pipeline._entry(result.request_id, payload)
     handles.append(got.handle)
     chunks: list[torch.Tensor] = []
@@ -283,6 +403,7 @@ async def stream_async(
             current, got = pipeline._handoff(runtime, result.request_id, final, prompt, got)
             handles.append(got.handle)
         feeder = asyncio.ensure_future(fed(current, got))
+        submitter = asyncio.ensure_future(submitted())
         while (item := await windows.get()) is not None:
             if isinstance(item, BaseException):
                 raise item
@@ -291,13 +412,15 @@ async def stream_async(
             chunks.append(chunk.samples)
             yield chunk
         await feeder
+        await submitter
         consumed = time.perf_counter() - started - result.seconds.get(producer.plan.stage, 0.0)
         result.seconds[consumer.plan.stage] = max(consumed, 0.0)
         _finish(result, consumer, chunks, started)
         yield result
     finally:
-        if feeder is not None and not feeder.done():
-            feeder.cancel()
+        for task in (feeder, submitter):
+            if task is not None and not task.done():
+                task.cancel()
         while not windows.empty():
             item = windows.get_nowait()
             if isinstance(item, asyncio.Future) and not item.done():
@@ -391,6 +514,7 @@ def stream_inproc(
     engine_id = f"{rid}-{producer.plan.stage}"
     engine.add_request(engine_id, current, _producer_params(pipeline, producer, sampling, got))
     cutter = WindowCutter(producer.plan.stream)
+    pacer = Pacer(producer.plan.stream)
     chunks: list[torch.Tensor] = []
     finished = False
     begun = time.perf_counter()
@@ -404,11 +528,11 @@ def stream_inproc(
                 if finished:
                     pipeline._record(result, producer, out)
                     result.seconds[producer.plan.stage] = time.perf_counter() - begun
-                if not published:
-                    continue
+                if not published or (not finished and pacer.wait_s(cutter.sent)):
+                    continue  # nothing new, or the caller has audio enough: the frames gather
                 source = stage_result(producer, rid, out, prompt, got, published)
-                for window in cutter.ready(frames_of(source), finished):
-                    next_prompt, carried, drop = window_request(pipeline, producer, source, window, function)
+                for window in cutter.take(frames_of(source), finished):
+                    next_prompt, carried, trim = window_request(pipeline, producer, source, window, function)
                     params = pipeline._params(consumer, sampling, carried.handle)
                     pipeline.stream_windows += 1
                     decoding = time.perf_counter()
@@ -420,7 +544,8 @@ def stream_inproc(
                     spent = time.perf_counter() - decoding
                     result.seconds[consumer.plan.stage] = result.seconds.get(consumer.plan.stage, 0.0) + spent
                     pipeline.stage_seconds[consumer.plan.stage] += spent
-                    chunk = chunk_of(consumer, decoded, rid, window, drop, started)
+                    chunk = chunk_of(consumer, decoded, rid, window, trim, started)
+                    pacer.heard()
                     chunks.append(chunk.samples)
                     yield chunk
             if not finished and not engine.has_unfinished_requests():

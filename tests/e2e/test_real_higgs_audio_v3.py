@@ -652,6 +652,13 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> Runs:
                 )
                 assert response.headers["content-type"] == "audio/wav"
                 served[spec["id"]] = response.content
+            # The longest request again, streamed: raw PCM16 as code2wav decodes each window.
+            streamed = client.post(
+                "/v1/audio/speech",
+                json={**speech_body(REQUESTS[1]), "stream_format": "audio", "response_format": "pcm"},
+            )
+            assert streamed.status_code == 200, streamed.text[:2000]
+            served["stream:" + REQUESTS[1]["id"]] = streamed.content
         descendants = psutil.Process(serve.pid).children(recursive=True)
         serve.send_signal(signal.SIGTERM)
         serve_exit = serve.wait(120)
@@ -723,6 +730,23 @@ def test_served_audio_equals_vllm_omni(runs: Runs):
         if problem:
             problems.append(f"{spec['id']}: {problem}")
     assert not problems, "omnigen serve's audio differs from vllm-omni's:\n" + "\n".join(problems)
+
+
+def test_streamed_audio_equals_the_whole_answer_but_its_first_frame(runs: Runs):
+    """The shipped streaming edge (vllm-omni's chunking: 1, then 25 frames, 25 of left context, 4
+    held back on the right). Every sample of the whole answer comes, in order; from the second
+    frame on they are the whole answer's exactly. The first window is one frame decoded with 4
+    frames after it, less than the codec's reach to the right, so its 960 samples differ a little
+    (measured: at most 160 of 32768)."""
+    import numpy as np
+
+    spec = REQUESTS[1]
+    whole = np.asarray(wav_samples(runs.served[spec["id"]])[0]).astype(np.int32)
+    streamed = np.frombuffer(runs.served["stream:" + spec["id"]], dtype="<i2").astype(np.int32)
+    frame = 960  # the tiny checkpoint's samples a frame (tests/checkpoints/higgs_audio_v3.py)
+    assert streamed.shape == whole.shape and whole.size > 2 * frame  # nothing dropped or doubled
+    assert first_difference(streamed[frame:], whole[frame:]) is None
+    assert int(np.abs(streamed[:frame] - whole[:frame]).max()) <= 256  # 7.8e-3 of full scale
 
 
 def test_run_audio_equals_vllm_omni(runs: Runs):

@@ -886,6 +886,13 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> Runs:
                 )
                 assert response.headers["content-type"] == "audio/wav"
                 served[spec["id"]] = response.content
+            # The first request again, streamed: raw PCM16 as code2wav decodes each window.
+            streamed = client.post(
+                "/v1/audio/speech",
+                json={**speech_body(REQUESTS[0]), "stream_format": "audio", "response_format": "pcm"},
+            )
+            assert streamed.status_code == 200, streamed.text[:2000]
+            served["stream:" + REQUESTS[0]["id"]] = streamed.content
         descendants = psutil.Process(serve.pid).children(recursive=True)
         serve.send_signal(signal.SIGTERM)
         serve_exit = serve.wait(120)
@@ -953,6 +960,19 @@ def test_served_audio_equals_vllm_omni(runs: Runs):
         if problem:
             problems.append(f"{spec['id']}: {problem}")
     assert not problems, "omnigen serve's audio differs from vllm-omni's:\n" + "\n".join(problems)
+
+
+def test_streamed_audio_equals_the_whole_answer(runs: Runs):
+    """The streaming edge of the shipped config (windows of 1, then 25 frames, 72 frames of left
+    context, paced playback): the streamed PCM holds every sample of the whole WAV answer, each
+    within code2wav's bf16 rounding (its windows decode the same codes in other batches)."""
+    import numpy as np
+
+    whole, _ = wav_samples(runs.served[REQUESTS[0]["id"]])
+    streamed = np.frombuffer(runs.served["stream:" + REQUESTS[0]["id"]], dtype="<i2")
+    assert streamed.shape == np.asarray(whole).shape  # no sample dropped or doubled at a seam
+    gap = int(np.abs(streamed.astype(np.int32) - np.asarray(whole).astype(np.int32)).max())
+    assert gap <= 32, first_difference(streamed, whole)  # 1e-3 of full scale
 
 
 def test_run_audio_equals_vllm_omni(runs: Runs):

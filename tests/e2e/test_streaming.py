@@ -63,7 +63,11 @@ def test_streamed_audio_equals_the_full_payload_audio_and_comes_early(mp_pipelin
     full = mp_pipeline.generate([prompt], sampling(5), ["full-0"])[0]
     chunks, result = _collect(mp_pipeline, prompt, 5, "streamed-0")
     assert [c.index for c in chunks] == list(range(len(chunks)))
-    assert len(chunks) == 5  # 2 + 4 + 8 + 8 + 1 frames
+    # Windows of 2, 4, 8, 8 and 1 frames (16 samples each); coalescing may merge neighbours when
+    # code2wav lags, but every seam stays on that grid and the first window is never merged.
+    ends = [int(e) for e in torch.tensor([c.samples.numel() for c in chunks]).cumsum(0)]
+    assert set(ends) <= {2 * 16, 6 * 16, 14 * 16, 22 * 16, 23 * 16} and ends[0] == 2 * 16
+    assert len(chunks) >= 2
     streamed = torch.cat([c.samples for c in chunks])
     assert streamed.numel() == (TOKENS - 1) * 4 * 4 == full.audio.numel()  # no sample dropped at the tail
     torch.testing.assert_close(streamed, full.audio.float(), rtol=0, atol=1e-5)
@@ -135,7 +139,9 @@ def test_a_reader_that_stops_holds_at_most_ahead_windows(mp_pipeline):
 
     first, during, after = mp_pipeline.run(stalled()).result(timeout=120)
     assert first == 0
-    assert during == 1 + 2  # the one read, and two decoded or held for the reader: never all 5
+    # The one read, and at most two decoded or held for the reader (one, if coalescing merged the
+    # rest into it): never all 5.
+    assert 2 <= during <= 1 + 2
     assert after == during  # closing stopped the stream
 
 
