@@ -20,7 +20,16 @@ _RUNNER_OVERRIDES = ("model.", "+model.", "~model.", "device=", "graph=", "mtp_g
 # The serve sections that are free-form maps (stage -> path, engine argument -> value, ...):
 # a key a serve config does not list yet is added, as vLLM's own ``--key value`` would be. Their
 # keys are checked where they are read (unknown stages by the settings, engine arguments by vLLM).
-_MAP_SECTIONS = ("serve.models.", "serve.engine.", "serve.stage_engine.", "serve.sampling.")
+_MAP_SECTIONS = (
+    "serve.models.",
+    "serve.engine.",
+    "serve.stage_engine.",
+    "serve.sampling.",
+    "serve.ray.stages.",
+    "serve.ray.env_vars.",
+    "serve.ray.replica.resources.",
+    "serve.ray.replica.label_selector.",
+)
 
 
 def serve_overrides(model: str, overrides: Sequence[str]) -> list[str]:
@@ -89,8 +98,10 @@ def run(command: str, model: str, overrides: Sequence[str]) -> int:
         settings = read_settings(cfg, plan)
     except SettingsError as exc:
         raise click.UsageError(str(exc)) from exc
-    if command == "serve" and settings.mode != "mp":
-        raise click.UsageError("serves requests concurrently with one engine per process: set serve.mode=mp")
+    if command == "serve" and settings.mode not in ("mp", "ray"):
+        raise click.UsageError(
+            "serves requests concurrently with one engine per process: set serve.mode=mp (or ray)"
+        )
     runner_overrides = [o for o in overrides if o.startswith(_RUNNER_OVERRIDES)]
     try:
         pipe = Pipeline.from_model(
@@ -99,6 +110,7 @@ def run(command: str, model: str, overrides: Sequence[str]) -> int:
             mode=settings.mode,
             engine_kwargs=settings.engine_kwargs,
             overrides=runner_overrides,
+            ray=settings.ray,
         )
     except ValueError as exc:
         raise click.UsageError(str(exc)) from exc

@@ -771,6 +771,13 @@ def _decide_v2(stage: StageSpec, prefix: str, mtp: MTPPlan | None, decide: Any, 
     )
 
 
+_TRANSPORT_REASONS = {
+    "inline": "inline: the payload rides in the next request's SamplingParams.extra_args",
+    "shm": "shm: the next request carries a shared-memory handle its consumer releases",
+    "ray": "ray: the payload is an object in Ray's object store, freed once the consumer has read it",
+}
+
+
 def _decide_publishing(
     stage: StageSpec, accumulates: bool, feeds_input_function: bool, decide: Any, key: str
 ) -> tuple[str, ...] | None:
@@ -796,9 +803,7 @@ def _decide_publishing(
         decide(
             "transport",
             stage.transport,
-            "inline: the payload rides in the next request's SamplingParams.extra_args"
-            if stage.transport == "inline"
-            else "shm: the next request carries a shared-memory handle its consumer releases",
+            _TRANSPORT_REASONS[stage.transport],
             f"{key}.transport",
         )
     return published

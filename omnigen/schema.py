@@ -70,6 +70,7 @@ class Transport(Enum):
 
     inline = "inline"
     shm = "shm"
+    ray = "ray"
 
 
 class PipelineMode(Enum):
@@ -77,6 +78,7 @@ class PipelineMode(Enum):
 
     mp = "mp"
     inproc = "inproc"
+    ray = "ray"
 
 
 class PromptTokens(Enum):
@@ -382,8 +384,10 @@ class StageConf:
 
     transport: Transport = Transport.inline
     """How this producer's payload reaches the next stage's request: ``inline`` (in its
-    ``SamplingParams.extra_args``) or ``shm`` (a shared-memory segment the consumer releases;
-    the request carries its handle). Ignored when ``next_stage_input`` is null."""
+    ``SamplingParams.extra_args``), ``shm`` (a shared-memory segment the consumer releases;
+    the request carries its handle; one machine) or ``ray`` (an object in Ray's object store,
+    freed once the consumer's replica has read it; ``serve.mode=ray`` only, docs/ray.md).
+    Ignored when ``next_stage_input`` is null."""
 
     publish: List[str] = field(default_factory=list)
     """Payload keys this stage publishes to its caller (``RequestOutput.kv_transfer_params
@@ -396,7 +400,8 @@ class StageConf:
 
     devices: Optional[str] = None
     """The devices of this stage's engine in a pipeline with one engine-core process per stage
-    (``CUDA_VISIBLE_DEVICES``, e.g. ``"0"`` or ``"1,2"``); null: the process's own."""
+    (``CUDA_VISIBLE_DEVICES``, e.g. ``"0"`` or ``"1,2"``); null: the process's own. Not in
+    ``serve.mode=ray``, where Ray assigns them (``serve.ray.stages.STAGE.num_gpus``)."""
 
     preprocess: PreprocessConf = field(default_factory=PreprocessConf)
     """Model hooks that rewrite the step's inputs."""
@@ -483,6 +488,65 @@ class RunRequestConf:
 
 
 @dataclass
+class RayStageConf:
+    """Where a stage's engines run in ``serve.mode=ray``: each replica is a Ray actor that hosts
+    one vLLM engine (docs/ray.md). ``serve.ray.replica`` holds every stage's, and
+    ``serve.ray.stages.STAGE`` replaces keys of it for one stage."""
+
+    replicas: int = 1
+    """Engines of this stage; each request goes to the replica with the fewest in flight."""
+
+    num_cpus: float = 1.0
+    """CPUs Ray reserves for each replica (fractions and 0 are allowed: a reservation, not a limit)."""
+
+    num_gpus: float = 0.0
+    """GPUs Ray gives each replica's engine. A stage with tensor or pipeline parallelism
+    (``serve.stage_engine.STAGE.tensor_parallel_size`` > 1) leaves it 0: each replica then
+    reserves one GPU per rank in a placement group, where vLLM's Ray executor puts its workers."""
+
+    resources: Dict[str, float] = field(default_factory=dict)
+    """Custom Ray resources each replica needs, e.g. ``{talker_host: 1}`` for a node started with
+    ``ray start --resources='{"talker_host": 1}'``: how a stage is pinned to nodes."""
+
+    label_selector: Dict[str, str] = field(default_factory=dict)
+    """Node labels a replica's node must have (``ray start --labels=KEY=VALUE``), e.g.
+    ``{ray.io/accelerator-type: H100}``; empty: any node."""
+
+    max_restarts: int = 3
+    """How often Ray restarts a replica whose process died (its engine is built again, then takes
+    requests); the requests it was running fail (HTTP 503), they are not retried. -1: no limit."""
+
+
+@dataclass
+class RayConf:
+    """How ``serve.mode=ray`` uses Ray (read in that mode only)."""
+
+    address: Optional[str] = None
+    """The Ray cluster to join (what ``ray start --head`` prints, e.g. ``10.0.0.1:6379``; ``auto``:
+    ``RAY_ADDRESS``, else the cluster ``ray start`` runs on this machine); null: start a Ray
+    instance for this process alone, stopped when the pipeline closes."""
+
+    namespace: str = "omnigen"
+    """The Ray namespace of the stage actors (named ``MODEL-STAGE-N-TOKEN``, a token per pipeline)."""
+
+    env_vars: Dict[str, Any] = field(default_factory=dict)
+    """Environment variables of every stage actor (Ray ``runtime_env``), e.g. ``HF_HOME`` or
+    ``VLLM_CPU_KVCACHE_SPACE``; a number or boolean is written as text (``1``, ``true``); omnigen
+    adds its own plugin's."""
+
+    placement_timeout_s: float = 300.0
+    """A replica Ray has not placed on a node after this many seconds fails the start, naming the
+    resources it asked for and what the cluster has free."""
+
+    replica: RayStageConf = field(default_factory=RayStageConf)
+    """What each stage gets: its replicas, and the resources and restarts of each."""
+
+    stages: Dict[str, Dict[str, Any]] = field(default_factory=dict)
+    """Per stage, keys of ``replica`` that replace its values for that stage, e.g.
+    ``serve.ray.stages.talker.replicas=2`` or ``'serve.ray.stages.code2wav.resources={gpu_host: 1}'``."""
+
+
+@dataclass
 class ServeConf:
     """How ``omnigen run`` and ``omnigen serve`` run a model's whole pipeline (CONTRACT 8)."""
 
@@ -497,8 +561,12 @@ class ServeConf:
     (``conf/serve/<model>.yaml``) lists its stages, so ``serve.models.STAGE=DIR`` needs no ``+``."""
 
     mode: PipelineMode = PipelineMode.mp
-    """``mp``: one engine-core process per stage (``serve`` needs it); ``inproc``: every engine
-    in this process (``run`` on a small machine)."""
+    """``mp``: one engine-core process per stage; ``inproc``: every engine in this process
+    (``run`` on a small machine); ``ray``: each stage's engines as Ray actors, on one machine or
+    across a cluster (``serve.ray``, docs/ray.md). ``serve`` needs ``mp`` or ``ray``."""
+
+    ray: RayConf = field(default_factory=RayConf)
+    """``serve.mode=ray``: the cluster, and each stage's replicas and resources."""
 
     engine: Dict[str, Any] = field(default_factory=dict)
     """vLLM engine arguments of every stage (``max_model_len``, ``dtype``, ...)."""
@@ -620,6 +688,8 @@ SCHEMA_CLASSES: tuple[type, ...] = (
     StageModelConfigConf,
     StageConf,
     ModelConf,
+    RayStageConf,
+    RayConf,
     ServeConf,
     OmniGenConfig,
 )

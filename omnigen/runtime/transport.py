@@ -400,7 +400,12 @@ def _check_key(key: Any) -> None:
 
 # -- choosing one ----------------------------------------------------------------------------
 
-TRANSPORTS: dict[str, type] = {"inline": InlineTransport, "shm": ShmTransport}
+TRANSPORTS: dict[str, type | str] = {
+    "inline": InlineTransport,
+    "shm": ShmTransport,
+    # Imported when first used: only serve.mode=ray imports Ray.
+    "ray": "omnigen.serving.ray_transport.RayTransport",
+}
 """The config names of the transports (``stages.<stage>.transport``)."""
 
 
@@ -412,10 +417,15 @@ def handle_bytes(handle: dict) -> int:
 
 
 def transport_for(name: str) -> Transport:
-    """A new transport for a config name (``inline`` or ``shm``)."""
+    """A new transport for a config name (``inline``, ``shm`` or ``ray``)."""
     cls = TRANSPORTS.get(name) if isinstance(name, str) else None
     if cls is None:
         raise ValueError(f"unknown transport {name!r}; choose one of: {', '.join(TRANSPORTS)}")
+    if isinstance(cls, str):
+        import importlib
+
+        module, _, attr = cls.rpartition(".")
+        cls = getattr(importlib.import_module(module), attr)
     return cls()
 
 

@@ -11,6 +11,8 @@ modes:
   started with the stage's ``devices`` as ``CUDA_VISIBLE_DEVICES``. Each request is a task
   that awaits stage k and submits to stage k+1, so stages overlap across requests and each
   engine batches continuously. An abort reaches every stage. What real multi-GPU hosts use.
+- ``ray``: as ``mp``, but each stage's engines are Ray actors, placed across a Ray cluster
+  (``omnigen.serving.ray_stages``, docs/ray.md).
 
 A request's payload goes from stage to stage through the transport (a handle in the next
 request's ``SamplingParams.extra_args``); the consumer's runner reads and releases it. A stage's
@@ -44,7 +46,9 @@ from omnigen.serving.limits import StageLimits, stage_limits
 
 log = logging.getLogger("omnigen.serving")
 
-MODES = ("inproc", "mp")
+MODES = ("inproc", "mp", "ray")
+ASYNC_MODES = ("mp", "ray")
+"""The modes whose requests run as tasks in the pipeline's event loop (``generate_async``)."""
 T = TypeVar("T")
 
 
@@ -115,10 +119,12 @@ class Pipeline:
         self.limits: list[StageLimits] = []
         """Each stage's limits (``omnigen.serving.limits``), read from its engine at start."""
         self._previous_sigterm: Any = None
+        self.ray_cluster: Any = None
+        """``ray``: the Ray connection and replicas (``ray_stages.RayCluster``), closed last."""
         self.loop: asyncio.AbstractEventLoop | None = None
         """``mp``: the event loop every request runs in (an ``AsyncLLM`` serves one loop), on a
         thread of its own; ``submit`` and ``run`` hand it work from any thread."""
-        if mode == "mp":
+        if mode in ASYNC_MODES:
             self.loop = asyncio.new_event_loop()
             threading.Thread(target=self.loop.run_forever, name="omnigen-pipeline", daemon=True).start()
 
@@ -152,31 +158,44 @@ class Pipeline:
         mode: str = "inproc",
         engine_kwargs: Mapping[str, Mapping[str, Any]] | None = None,
         overrides: Sequence[str] = (),
+        ray: Mapping[str, Any] | None = None,
     ) -> Pipeline:
-        """Start one engine per stage of ``model`` (``stage_models``: stage -> model path)."""
+        """Start one engine per stage of ``model`` (``stage_models``: stage -> model path);
+        ``ray``: the ``serve.ray`` settings of ``mode='ray'`` (its cluster, replicas, resources)."""
         if mode not in MODES:
             raise ValueError(f"unknown pipeline mode {mode!r}; choose one of: {', '.join(MODES)}")
         plan = api.model_plan(model, overrides)
         missing = [s.stage for s in plan.stages if s.stage not in stage_models]
         if missing:
             raise ValueError(f"{model}: no model path for stage(s) {missing}; give stage_models[stage]")
+        _check_mode_keys(plan, mode, ray)
         engine_kwargs = engine_kwargs or {}
         _register_declared_classes(plan)
         stages: list[StageRuntime] = []
+        cluster = engines = None
+        if mode == "ray":
+            from omnigen.serving import ray_stages
+
+            cluster, engines = ray_stages.start_pipeline(plan, stage_models, engine_kwargs, overrides, ray)
         try:
             for index, stage in enumerate(plan.stages):
                 glue = _edge_glue(plan, index)
                 kwargs = dict(engine_kwargs.get(stage.stage, {}))
                 started = time.perf_counter()
-                log.info(
-                    "%s: starting the %s engine (%s) from %s",
-                    model,
-                    stage.stage,
-                    mode,
-                    stage_models[stage.stage],
-                )
-                engine = _start_engine(stage, stage_models[stage.stage], kwargs, mode, overrides)
-                log.info("%s: %s engine ready in %.1f s", model, stage.stage, time.perf_counter() - started)
+                if engines is not None:
+                    engine = engines[stage.stage]  # started together, placed by Ray
+                else:
+                    log.info(
+                        "%s: starting the %s engine (%s) from %s",
+                        model,
+                        stage.stage,
+                        mode,
+                        stage_models[stage.stage],
+                    )
+                    engine = _start_engine(stage, stage_models[stage.stage], kwargs, mode, overrides)
+                    log.info(
+                        "%s: %s engine ready in %.1f s", model, stage.stage, time.perf_counter() - started
+                    )
                 stages.append(
                     StageRuntime(
                         plan=stage,
@@ -190,8 +209,11 @@ class Pipeline:
         except BaseException:
             for runtime in stages:
                 _shutdown(runtime)
+            if cluster is not None:
+                cluster.close()
             raise
         pipeline = cls(plan, stages, mode)
+        pipeline.ray_cluster = cluster
         try:
             pipeline.limits = stage_limits(stages, pipeline._kv_cache_groups())
         except BaseException:
@@ -220,6 +242,9 @@ class Pipeline:
         # thread its shutdown leaves the engine-core processes running after this one exits.
         self.run(_shutdown_all(self.stages)).result(timeout=300)
         self.loop.call_soon_threadsafe(self.loop.stop)
+        if self.ray_cluster is not None:
+            cluster, self.ray_cluster = self.ray_cluster, None
+            cluster.close()
 
     def __enter__(self) -> Pipeline:
         self._previous_sigterm = _terminate_raises_system_exit()
@@ -259,7 +284,7 @@ class Pipeline:
         prompt (the request builder's payload), or None."""
         request_ids = list(request_ids or (uuid.uuid4().hex for _ in prompts))
         payloads = list(payloads) if payloads is not None else [None] * len(prompts)
-        if self.mode == "mp":
+        if self.mode in ASYNC_MODES:
             return self.run(
                 self._generate_all_async(prompts, sampling, request_ids, payloads, last_stage)
             ).result()
@@ -330,10 +355,10 @@ class Pipeline:
         *,
         last_stage: str | None = None,
     ) -> PipelineOutput:
-        """One request through every stage, or up to ``last_stage`` (``mp`` mode); cancelling it
-        aborts it in every stage."""
-        if self.mode != "mp":
-            raise PipelineError("generate_async needs a pipeline started with mode='mp'")
+        """One request through every stage, or up to ``last_stage`` (``mp`` or ``ray`` mode);
+        cancelling it aborts it in every stage."""
+        if self.mode not in ASYNC_MODES:
+            raise PipelineError("generate_async needs a pipeline started with mode='mp' or 'ray'")
         sampling = sampling or {}
         stages = self.stages_until(last_stage)
         result = PipelineOutput(request_id=request_id or uuid.uuid4().hex)
@@ -467,6 +492,21 @@ def stage_result(
         user_prompt=dict(prompt),
         hf_config=runtime.hf_config,
     )
+
+
+def _check_mode_keys(plan: ModelPlan, mode: str, ray: Mapping[str, Any] | None) -> None:
+    """What only ``mode='ray'`` reads is refused in another mode, never ignored."""
+    if mode == "ray":
+        return
+    if ray is not None:
+        raise ValueError(f"ray= (serve.ray) is read in mode='ray' only, not {mode!r}: set serve.mode=ray")
+    for index, stage in enumerate(plan.stages[:-1]):
+        if stage.transport == "ray" and _edge_glue(plan, index) is not None:
+            raise ValueError(
+                f"model.stages.{stage.stage}.transport: ray moves the payload through Ray's object "
+                f"store, which serve.mode={mode} does not start; set serve.mode=ray, or the transport "
+                "to inline or shm"
+            )
 
 
 def _glue_function(name: str) -> Any:

@@ -67,6 +67,8 @@ class Settings:
     max_queued_requests: int = 256
     request_timeout_s: float = 600.0
     max_body_bytes: int = 16 * 1024 * 1024
+    ray: dict[str, Any] | None = None
+    """``serve.ray`` in ``serve.mode=ray`` (checked), else None."""
 
 
 def read_settings(cfg: DictConfig, plan: ModelPlan) -> Settings:
@@ -96,6 +98,7 @@ def read_settings(cfg: DictConfig, plan: ModelPlan) -> Settings:
         )
     if serve["api_key"] is not None and not str(serve["api_key"]).strip():
         problems.append("serve.api_key: empty; set a key or leave it null")
+    problems += _ray_problems(serve, plan)
     if problems:
         raise SettingsError("; ".join(problems))
     scratch = Path(tempfile.mkdtemp(prefix="omnigen-tiny-"))
@@ -128,6 +131,7 @@ def read_settings(cfg: DictConfig, plan: ModelPlan) -> Settings:
         max_queued_requests=serve["max_queued_requests"],
         request_timeout_s=float(serve["request_timeout_s"]),
         max_body_bytes=serve["max_body_bytes"],
+        ray=serve["ray"] if _enum_value(serve["mode"]) == "ray" else None,
     )
 
 
@@ -146,6 +150,24 @@ def _stage_key_problems(serve: dict[str, Any], plan: ModelPlan) -> list[str]:
                 f"serve.{section}.{stage}: {plan.name} has no stage {stage!r}; its stages: {', '.join(stages)}"
             )
     return problems
+
+
+def _ray_problems(serve: dict[str, Any], plan: ModelPlan) -> list[str]:
+    """``serve.ray`` is read in ``serve.mode=ray`` only: set in another mode it is refused."""
+    from omnigen.schema import RayConf
+
+    if _enum_value(serve["mode"]) != "ray":
+        default = OmegaConf.to_container(OmegaConf.structured(RayConf))
+        assert isinstance(default, dict)
+        return [
+            f"serve.ray.{key}: read in serve.mode=ray only (mode is {_enum_value(serve['mode'])}); "
+            "set serve.mode=ray or drop it"
+            for key, value in serve["ray"].items()
+            if value != default[key]
+        ]
+    from omnigen.serving import ray_stages
+
+    return ray_stages.problems(serve["ray"], [s.stage for s in plan.stages], plan.name)
 
 
 def _stage_model(serve: dict[str, Any], stage: str) -> str | None:

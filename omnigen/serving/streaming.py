@@ -41,6 +41,7 @@ from omnigen.glue.types import GlueError, Window, WindowInput, frames_counter
 from omnigen.runtime.scheduler import STREAM_KEY
 from omnigen.serving.client import stage_payload
 from omnigen.serving.pipeline import (
+    ASYNC_MODES,
     Carried,
     Pipeline,
     PipelineError,
@@ -274,8 +275,8 @@ async def stream_async(
     aborts the request in every stage. A pipeline without a streaming edge yields its whole audio
     as one chunk. ``coalesce``: this request's window policy instead of the edge's
     (``stages.S.stream.coalesce``)."""
-    if pipeline.mode != "mp":
-        raise PipelineError("stream_async needs a pipeline started with mode='mp' (inproc: stream)")
+    if pipeline.mode not in ASYNC_MODES:
+        raise PipelineError("stream_async needs a pipeline started with mode='mp' or 'ray' (inproc: stream)")
     sampling = sampling or {}
     started = time.perf_counter()
     result = PipelineOutput(request_id=request_id or uuid.uuid4().hex)
@@ -442,7 +443,7 @@ def stream(
     """``stream_async`` for any thread: ``mp`` runs it in the pipeline's loop and hands each item
     over as it comes; ``inproc`` steps the producer's engine core in this process and decodes each
     window as soon as it is ready (``stream_inproc``). Closing the iterator aborts the request."""
-    if pipeline.mode != "mp":
+    if pipeline.mode not in ASYNC_MODES:
         yield from stream_inproc(pipeline, prompt, sampling, request_id, payload)
         return
     iterator = stream_async(pipeline, prompt, sampling, request_id, payload)

@@ -179,8 +179,8 @@ def test_transport_for_handle_reads_either_kind():
             producer.close()
     with pytest.raises(TransportError, match="not a transport handle"):
         transport_for_handle({"codes": 1})
-    with pytest.raises(TransportError, match=r"request 'r9': unknown transport 'ray'.*inline, shm"):
-        transport_for_handle({TRANSPORT_KEY: "ray", "version": 1, "key": "r9"})
+    with pytest.raises(TransportError, match=r"request 'r9': unknown transport 'nccl'.*inline, shm, ray"):
+        transport_for_handle({TRANSPORT_KEY: "nccl", "version": 1, "key": "r9"})
 
 
 # -- release and errors -------------------------------------------------------------------------
