@@ -39,7 +39,7 @@ also has its level 1 and last-level misses a request and cachegrind's cycle esti
 ``--cold-caches`` of ``host_overhead`` (nothing is left in any level), without the noise. The
 estimate weighs level-1 instruction misses (``I1`` in ``--json``) at 10 cycles, which this
 machine's level 2 mostly catches: on the runners' steps the timed cold ratios come nearer the
-estimate without them, instructions + 10 x ``D1`` + 100 x ``LL`` (README, Measurements).
+estimate without them, instructions + 10 x ``D1`` + 100 x ``LL`` (docs/measurements.md).
 
 ``--floors`` also counts ``benchmarks/floors.py``'s floors of each batched cell, its whole step's
 floor and omnigen's code for the same work, each alone on the cell's steady step (one that calls

@@ -25,7 +25,7 @@ from omnigen.spec import (
     resolve_mtp_graph,
 )
 
-# Contract clauses (CONTRACT.md section numbers) and what each covers.
+# Contract clauses (section numbers of docs/contract.md) and what each covers.
 CLAUSES: dict[str, str] = {
     "1.1": "_model_forward with the stage's kwargs",
     "1.1-omni-output": "rebuild an OmniOutput flattened by a CUDA-graph weak reference",

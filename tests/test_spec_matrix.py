@@ -1,4 +1,4 @@
-"""Every plan and every generated class against tests/spec_matrix.yaml (hand-written from MODELS.md).
+"""Every plan and every generated class against tests/spec_matrix.yaml (hand-written from docs/models.md).
 
 A config change that silently flips a capability makes a plan, or the class generated from
 it, disagree with the matrix.

@@ -6,7 +6,7 @@ the runner, input-batch, scheduler-output and request-state attributes they read
 and scheduler hooks ``runtime/worker.py`` and ``runtime/scheduler.py`` build on), plus the
 capture machinery a ``mtp.graph=safe`` stage depends on. A vLLM bump that moves one of them
 fails here, one test per name, saying which name and what it found instead; the engine tests
-would fail much later and deeper. The README says how to add a vLLM version.
+would fail much later and deeper. docs/vllm-versions.md says how to add a vLLM version.
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@
 
 An autoregressive stage that publishes text and feeds the next stage. It has: per-row preprocess hook.
 
-Contract clauses (shared/docs/CONTRACT.md): 1.1, 1.1-omni-output, 1.3, 3.1, 3.3, 3.6, 3.8, 4.1, 4.2, 4.2-every-step, 4.4, 4.5, 5.1, 5.2, 6, 7.2, 7.5, 7.8, 8.1, 8.2.
+Contract clauses (docs/contract.md): 1.1, 1.1-omni-output, 1.3, 3.1, 3.3, 3.6, 3.8, 4.1, 4.2, 4.2-every-step, 4.4, 4.5, 5.1, 5.2, 6, 7.2, 7.5, 7.8, 8.1, 8.2.
 Serve: vllm serve MODEL_PATH --worker-cls omnigen.generated.mimo_audio.fused_thinker_talker.MimoAudioFusedThinkerTalkerWorker --scheduler-cls omnigen.runtime.scheduler.OmniScheduler
 """
 

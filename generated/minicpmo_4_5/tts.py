@@ -4,7 +4,7 @@
 
 An autoregressive stage that feeds the next stage. It has: per-row preprocess hook; output assembly by make_omni_output; the model's own sampler.
 
-Contract clauses (shared/docs/CONTRACT.md): 1.1, 1.1-omni-output, 1.3, 3.1, 3.3, 3.6, 4.1, 4.2, 4.2-every-step, 4.4, 4.5, 5.1, 5.2, 6, 7.2, 7.2-make-omni-output, 7.3-finished, 7.4, 7.5, 7.5-text-config, 7.8, 8.1, 8.2.
+Contract clauses (docs/contract.md): 1.1, 1.1-omni-output, 1.3, 3.1, 3.3, 3.6, 4.1, 4.2, 4.2-every-step, 4.4, 4.5, 5.1, 5.2, 6, 7.2, 7.2-make-omni-output, 7.3-finished, 7.4, 7.5, 7.5-text-config, 7.8, 8.1, 8.2.
 Serve: vllm serve MODEL_PATH --worker-cls omnigen.generated.minicpmo_4_5.tts.Minicpmo45TtsWorker --scheduler-cls omnigen.runtime.scheduler.OmniScheduler
 """
 

@@ -4,7 +4,7 @@
 
 A generation stage that publishes audio.
 
-Contract clauses (shared/docs/CONTRACT.md): 1.1, 1.1-omni-output, 1.3, 4.1, 4.2, 4.2-every-step, 4.4, 4.5, 5.2, 6, 7.2, 7.3, 7.5, 7.8, 8.1.
+Contract clauses (docs/contract.md): 1.1, 1.1-omni-output, 1.3, 4.1, 4.2, 4.2-every-step, 4.4, 4.5, 5.2, 6, 7.2, 7.3, 7.5, 7.8, 8.1.
 Serve: vllm serve MODEL_PATH --worker-cls omnigen.generated.omnigen_tiny.code2wav.OmnigenTinyCode2wavWorker --scheduler-cls omnigen.runtime.scheduler.OmniScheduler
 """
 

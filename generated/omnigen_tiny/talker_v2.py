@@ -13,7 +13,7 @@ imported only then.
 
 An autoregressive stage that feeds the next stage. It has: per-row preprocess hook; batched decode preprocessing (mtp); talker MTP (graph safe, per-row generators eager_only).
 
-Contract clauses (shared/docs/CONTRACT.md): 1.1, 1.1-omni-output, 1.3, 2.1, 2.2, 2.3, 3.1, 3.2, 3.3, 3.3-batch-mtp, 3.4, 3.5, 3.6, 4.1, 4.2, 4.2-every-step, 4.4, 4.5, 5.1, 5.2, 6, 7.2, 7.5, 7.8, 8.1, 8.2.
+Contract clauses (docs/contract.md): 1.1, 1.1-omni-output, 1.3, 2.1, 2.2, 2.3, 3.1, 3.2, 3.3, 3.3-batch-mtp, 3.4, 3.5, 3.6, 4.1, 4.2, 4.2-every-step, 4.4, 4.5, 5.1, 5.2, 6, 7.2, 7.5, 7.8, 8.1, 8.2.
 Model Runner V2: state hooks add_request, preprocess_state, prepare_inputs, prepare_inputs_embeds, capture_inner_cudagraphs; runner overrides load_model, finish_requests, update_requests, execute_model, sample_tokens; full graphs narrowed; jit warm-up off; rope state default.
 """
 

@@ -13,7 +13,7 @@ imported only then.
 
 An autoregressive stage that publishes text and feeds the next stage.
 
-Contract clauses (shared/docs/CONTRACT.md): 1.1, 1.1-omni-output, 1.3, 4.1, 4.2, 4.4, 4.5, 5.1, 5.2, 6, 7.2, 7.5, 7.8, 8.1, 8.2.
+Contract clauses (docs/contract.md): 1.1, 1.1-omni-output, 1.3, 4.1, 4.2, 4.4, 4.5, 5.1, 5.2, 6, 7.2, 7.5, 7.8, 8.1, 8.2.
 Model Runner V2: state hooks add_request, preprocess_state, prepare_inputs; runner overrides load_model, finish_requests, update_requests, execute_model, sample_tokens; full graphs narrowed; jit warm-up off; rope state default.
 """
 

@@ -13,7 +13,7 @@ imported only then.
 
 An autoregressive stage that publishes text and feeds the next stage. It has: output assembly by make_omni_output.
 
-Contract clauses (shared/docs/CONTRACT.md): 1.1, 1.1-omni-output, 1.3, 3.7, 4.1, 4.2, 4.4, 4.5, 5.1, 5.2, 6, 7.2, 7.2-make-omni-output, 7.5, 7.5-text-config, 7.7-logits-metadata, 7.8, 8.1, 8.2.
+Contract clauses (docs/contract.md): 1.1, 1.1-omni-output, 1.3, 3.7, 4.1, 4.2, 4.4, 4.5, 5.1, 5.2, 6, 7.2, 7.2-make-omni-output, 7.5, 7.5-text-config, 7.7-logits-metadata, 7.8, 8.1, 8.2.
 Model Runner V2: state hooks add_request, preprocess_state, prepare_inputs; runner overrides load_model, finish_requests, update_requests, execute_model, sample_tokens; full graphs kept; jit warm-up off; rope state filtered_kwargs.
 """
 

@@ -15,7 +15,7 @@ Three architectures, registered out of tree by :func:`omnigen.plugin.register` (
 * ``OmnigenTinyTalkerForConditionalGeneration`` (:class:`OmnigenTinyTalker`): an
   autoregressive talker. Llama trunk (vLLM's own ``LlamaModel``: real paged
   attention, KV cache, chunked prefill), vLLM logits/sampler on the text hidden
-  states, and the talker hooks of CONTRACT.md sections 2-3: ``preprocess``,
+  states, and the talker hooks of docs/contract.md sections 2-3: ``preprocess``,
   ``preprocess_decode_batch`` (5-tuple with MTP, 3-tuple without) and a
   ``talker_mtp`` code predictor. Its forward emits one row of codes per token
   (``multimodal_outputs["codes.audio"]``: the codes the predictor wrote into the
@@ -85,7 +85,7 @@ TINY_SHAPE: dict[str, Any] = dict(
     tie_word_embeddings=False,
 )
 
-# Knob presets, by the stage they imitate (MODELS.md "Per-stage policies").
+# Knob presets, by the stage they imitate (docs/models.md "Per-stage policies").
 VARIANTS: dict[str, dict[str, Any]] = {
     # qwen3_tts / moss_tts_local: per-row hook, MTP, batched decode (5-tuple hook),
     # a predictor taking per-row generators. conf/model/omnigen_tiny.yaml as committed.
@@ -915,7 +915,7 @@ class OmnigenTinyTalker(_TinyLlamaStage):
             record.error(f"rows span {offset} tokens, the forward has {num_tokens}")
         return codes.to(device)
 
-    # -- hooks (CONTRACT.md 3) ------------------------------------------------------
+    # -- hooks (docs/contract.md 3) -------------------------------------------------
 
     def _text_step(self, input_ids: torch.Tensor) -> torch.Tensor:
         # Stand-in for the trailing text embedding a real talker adds per step.

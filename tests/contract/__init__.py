@@ -1,1 +1,1 @@
-"""Contract tests: shared/docs/CONTRACT.md, clause by clause, on CPU against real vLLM types."""
+"""Contract tests: docs/contract.md, clause by clause, on CPU against real vLLM types."""

@@ -5,7 +5,7 @@ plus only the attributes a method reads, on real vLLM types (``CpuGpuBuffer``,
 ``CachedRequestState``, ``SchedulerOutput``, ...). The fakes here record every call the
 runner makes into the model, the code predictor, the forward context and the graph wrapper.
 
-Expectations come from ``tests/spec_matrix.yaml`` (hand-written from MODELS.md) plus, for a
+Expectations come from ``tests/spec_matrix.yaml`` (hand-written from docs/models.md) plus, for a
 config variant, the capability changes its overrides are meant to make; a test in
 ``test_variants.py`` checks that each variant's plan really has those capabilities.
 """

@@ -1,4 +1,4 @@
-"""Fixtures of the contract tests (shared/docs/CONTRACT.md sections 1-5 and 6's cleanup).
+"""Fixtures of the contract tests (docs/contract.md sections 1-5 and 6's cleanup).
 
 Only what must be patched is: the platform's forward context and full-graph wrapper lookup
 (through ``omnigen.runtime.vllm_api``, where generated code reaches them), and

@@ -173,7 +173,7 @@ REQ = inspect.Parameter.empty
 ANY = object()
 VAR_KW = "**"
 
-# CONTRACT.md's names: (parameter name or ANY, default or REQ or ANY), VAR_KW for **kwargs.
+# docs/contract.md's names: (parameter name or ANY, default or REQ or ANY), VAR_KW for **kwargs.
 COMMON = {
     "_model_forward": [
         ("input_ids", None),
@@ -238,7 +238,7 @@ def check_signature(method, expected):
 
 @pytest.mark.parametrize("variant", ALL, ids=ids(ALL))
 def test_contract_methods_exist_with_their_signatures(variant):
-    """The names and signatures CONTRACT.md lists, on every class that has the feature."""
+    """The names and signatures docs/contract.md lists, on every class that has the feature."""
     cls = variant.cls()
     runner = object.__new__(cls)
     methods = dict(COMMON)

@@ -75,7 +75,7 @@ CONTIGUITY_PHRASE = "Non-MTP batched decode preprocessing requires contiguous in
 
 
 # =============================================================================
-# The deliberate differences, as the README lists them
+# The deliberate differences, as docs/differences.md lists them
 # =============================================================================
 
 DELIBERATE_DIFFERENCES: dict[str, str] = {
@@ -491,8 +491,8 @@ def eager_only_per_row_generators(setup: Setup, cell: Cell, on: bool) -> Setup:
     graph (where one captured call takes one generator). omnigen's ``eager_only`` takes
     per-row generators only from an unwrapped predictor and otherwise runs seeded rows one
     by one. Set: the oracle's model declares the flag only while the predictor runs eager
-    (``on=False``: as the real model declares it, always). Why: MODELS.md ("only when the
-    predictor is not graph-captured"), decided when generating. Contract: 2.3.
+    (``on=False``: as the real model declares it, always). Why: docs/models.md ("only while the
+    predictor runs eager"), decided when generating. Contract: 2.3.
     """
     mtp = cell.plan.mtp
     if mtp is None or mtp.per_row_generators != "eager_only":
@@ -649,7 +649,7 @@ MAIN = [
         expect=("mtp:batched_calls", "steps_with_multiple_mtp_calls"),
     ),
     Cell("higgs_audio_v3/talker", "higgs_audio_v3", "talker", seed=108, expect=("hook:update_decode_step_metadata",)),
-    # No shipped stage of vllm-omni 0.30 batches plain decode rows (MODELS.md: it is Breeze-TTS-2's):
+    # No shipped stage of vllm-omni 0.30 batches plain decode rows (docs/models.md: it is Breeze-TTS-2's):
     # the 3-tuple path runs on the Higgs talker with the hook turned on.
     Cell(
         "higgs_audio_v3/talker[plain batch]", "higgs_audio_v3", "talker", PLAIN_BATCH, seed=108,
