@@ -33,7 +33,8 @@ import torch
 pytestmark = pytest.mark.e2e
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from test_pipeline import ENGINE, check_outputs, prompts, sampling  # noqa: E402
+# inproc: test_pipeline.py's in-process pipeline fixture, the reference for the same seeds.
+from test_pipeline import ENGINE, check_outputs, inproc, prompts, sampling  # noqa: E402, F401
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 LONG_TOKENS = 110  # a talker-only request long enough to be killed mid-way (prompt <= 8 tokens)
@@ -147,22 +148,7 @@ def on_cluster(cluster, stage_models):
         pipeline.close()
 
 
-@pytest.fixture(scope="module")
-def inproc(tiny_engine_env, stage_models):
-    from omnigen.serving.pipeline import Pipeline
-
-    pipeline = Pipeline.from_model(
-        "omnigen_tiny",
-        stage_models,
-        mode="inproc",
-        engine_kwargs={"talker": ENGINE, "code2wav": ENGINE},
-        overrides=["model.stages.talker.transport=inline"],
-    )
-    yield pipeline
-    pipeline.close()
-
-
-def test_stages_on_their_nodes_give_the_same_audio_as_in_process(cluster, on_cluster, inproc):
+def test_stages_on_their_nodes_give_the_same_audio_as_in_process(cluster, on_cluster, inproc):  # noqa: F811
     import ray
 
     _, talker_node, code2wav_node, _ = cluster
