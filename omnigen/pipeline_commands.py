@@ -32,11 +32,18 @@ _MAP_SECTIONS = (
 )
 
 
+def _in_a_map(override: str) -> bool:
+    """A key under a serve map (``serve.engine.x=1``) or a whole map (``serve.engine={x: 1}``,
+    which Hydra merges into it)."""
+    key = override.split("=", 1)[0]
+    return key.startswith(_MAP_SECTIONS) or f"{key}." in _MAP_SECTIONS
+
+
 def serve_overrides(model: str, overrides: Sequence[str]) -> list[str]:
     """The overrides ``run``/``serve`` compose with: ``serve=<model>`` first when the user chose
     no serve config and the model has one (``conf/serve/<model>.yaml``: its stages, engine
     arguments and sampling), and keys under the serve maps added where they are new."""
-    found = [f"++{o}" if o.startswith(_MAP_SECTIONS) else o for o in overrides]
+    found = [f"++{o}" if _in_a_map(o) else o for o in overrides]
     if any(o.startswith(("serve=", "+serve=", "~serve")) for o in overrides):
         return found
     folders = [paths.conf_dir(), *paths.extra_config_dirs()]

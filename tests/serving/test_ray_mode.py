@@ -55,6 +55,23 @@ def test_the_per_stage_keys_merge_over_every_stages_and_are_typed_on_the_command
     assert options.stage("code2wav") == StagePlacement(num_cpus=0.5, resources={"any_host": 1.0})
 
 
+def test_a_whole_map_is_taken_on_the_command_line_as_one_of_its_keys_is():
+    from omnigen.serving.ray_stages import RayOptions
+
+    settings = _settings(
+        [
+            "serve.mode=ray",
+            "serve.ray.replica.resources={speech_host: 1}",
+            "serve.ray.stages.talker.resources={talker_host: 1}",
+            "serve.engine={max_num_seqs: 4}",
+        ]
+    )
+    options = RayOptions.from_config(settings.ray)
+    assert options.stage("code2wav").resources == {"speech_host": 1}
+    assert options.stage("talker").resources == {"talker_host": 1}
+    assert all(kwargs["max_num_seqs"] == 4 for kwargs in settings.engine_kwargs.values())
+
+
 def test_bad_ray_keys_are_named_with_the_fix():
     with pytest.raises(SettingsError) as info:
         _settings(
