@@ -48,7 +48,7 @@ Results go to ``--out`` (JSON: the machine, the commit, the settings, every figu
 table is printed. The machine may be shared: compare the ratios of one run, not figures across
 runs (``load_average_*`` in the file say how busy it was).
 
-    .venv/bin/python benchmarks/streaming.py            # about 5 minutes on 2 cores
+    .venv/bin/python benchmarks/streaming.py            # about 8-16 minutes on 2 cores (three modes)
     .venv/bin/python benchmarks/streaming.py --short    # CI smoke: under ~3 minutes
     .venv/bin/python benchmarks/streaming.py --models qwen3_tts --concurrency 1 8
 """
