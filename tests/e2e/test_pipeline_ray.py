@@ -33,8 +33,9 @@ import torch
 pytestmark = pytest.mark.e2e
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-# inproc: test_pipeline.py's in-process pipeline fixture, the reference for the same seeds.
-from test_pipeline import ENGINE, check_outputs, inproc, prompts, sampling  # noqa: E402, F401
+# Fixtures of test_pipeline.py: the tiny stage models and the in-process pipeline, the reference
+# for the same seeds.
+from test_pipeline import ENGINE, check_outputs, inproc, prompts, sampling, stage_models  # noqa: E402, F401
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 LONG_TOKENS = 110  # a talker-only request long enough to be killed mid-way (prompt <= 8 tokens)
@@ -73,19 +74,6 @@ def descendants(pid: int) -> set[int]:
         return set()
 
 
-@pytest.fixture(scope="module")
-def stage_models(tmp_path_factory):
-    from omnigen.testing import tiny_omni
-
-    root = tmp_path_factory.mktemp("tiny")
-    return {
-        "talker": tiny_omni.write_tiny_config(
-            root / "talker", arch=tiny_omni.TALKER_ARCH, variant="mtp_batched"
-        ),
-        "code2wav": tiny_omni.write_tiny_config(root / "code2wav", arch=tiny_omni.CODE2WAV_ARCH),
-    }
-
-
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -122,7 +110,7 @@ def cluster(tiny_engine_env):
 
 
 @pytest.fixture(scope="module")
-def on_cluster(cluster, stage_models):
+def on_cluster(cluster, stage_models):  # noqa: F811
     from omnigen.serving.pipeline import Pipeline
 
     ray_cluster, *_ = cluster
@@ -232,7 +220,7 @@ def test_a_replica_killed_under_load_fails_its_requests_and_comes_back(on_cluste
     assert doomed.served > before
 
 
-def test_shm_is_refused_where_stages_can_land_on_other_nodes(cluster, on_cluster, stage_models):
+def test_shm_is_refused_where_stages_can_land_on_other_nodes(cluster, on_cluster, stage_models):  # noqa: F811
     """The committed edge is shm: on this three-node cluster the start is refused before any
     replica starts, naming the key and the fix."""
     from omnigen.serving.pipeline import Pipeline
