@@ -200,6 +200,19 @@ class OmniStateBase:
         client = inter if pooler_client is pooler_inter else _host_outputs(pooler_client)
         return inter, client
 
+    def _keep_step(self, output: Any) -> Any:
+        """The step's snapshot from its ``OmniOutput`` (or bare hidden states), kept for
+        ``sample_tokens``; vLLM gets the text hidden states (an empty tensor of the step's rows
+        where the stage has none)."""
+        if isinstance(output, OmniOutput):
+            hidden, payload = output.text_hidden_states, output.multimodal_outputs
+        else:
+            hidden, payload = output, None
+        step = self._omni_step = step_outputs.snapshot(self, hidden, payload)
+        if hidden is None:
+            return torch.empty((step.bounds[-1], 0), device=self.device)
+        return hidden
+
     # -- 6. Finished requests ------------------------------------------------------------------
 
     def _release_finished_requests(self, finished_req_ids: Any) -> None:
@@ -243,15 +256,7 @@ class OmniRunnerBase(OmniStateBase):
             return output
         # A stage without multimodal outputs may still get vllm-omni's envelope (Qwen2.5-Omni's
         # thinker returns one with no payload): vLLM must get its text hidden states all the same.
-        output = as_omni_output(output)
-        if isinstance(output, OmniOutput):
-            hidden, payload = output.text_hidden_states, output.multimodal_outputs
-        else:
-            hidden, payload = output, None
-        step = self._omni_step = step_outputs.snapshot(self, hidden, payload)
-        if hidden is None:
-            return torch.empty((step.bounds[-1], 0), device=self.device)
-        return hidden
+        return self._keep_step(as_omni_output(output))
 
     def sample_tokens(self, grammar_output: Any = None) -> Any:
         """vLLM's sampling, then what this stage does with the step's outputs (7.1, 7.2)."""

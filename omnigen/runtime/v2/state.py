@@ -27,7 +27,7 @@ import torch
 
 from omnigen.runtime import mrope, step_outputs, vllm_api, vllm_api_v2
 from omnigen.runtime.base import OmniStateBase, dummy_run_hidden_states
-from omnigen.runtime.outputs import OmniOutput, as_omni_output
+from omnigen.runtime.outputs import as_omni_output
 
 
 class RequestRecord:
@@ -258,16 +258,6 @@ class OmniModelStateV2(OmniStateBase):
         """The step's ``OmniOutput`` from the forward's result (generated where the stage
         assembles or flattens it: 1.1-omni-output, 7.2-make-omni-output, 7.7-batch-req-ids)."""
         return as_omni_output(output)
-
-    def _keep_step(self, output: Any) -> Any:
-        if isinstance(output, OmniOutput):
-            hidden, payload = output.text_hidden_states, output.multimodal_outputs
-        else:
-            hidden, payload = output, None
-        step = self._omni_step = step_outputs.snapshot(self, hidden, payload)
-        if hidden is None:
-            return torch.empty((step.bounds[-1], 0), device=self.device)
-        return hidden
 
     def _omni_take_step(self, executed: Any) -> step_outputs.StepSnapshot | None:
         """The real step's snapshot for ``sample_tokens``, once. Under a full CUDA graph replay
