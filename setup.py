@@ -2,7 +2,9 @@
 
 They live at the top of the checkout (where people edit and review them) and are mapped
 to ``omnigen.conf``, ``omnigen.templates`` and ``omnigen.generated`` in the wheel; the
-generated runners import as ``omnigen.generated.<model>.<stage>`` from either.
+generated runners import as ``omnigen.generated.<model>.<stage>`` from either. testing/ is the
+separate top-level package ``omnigen_testing`` (test support: the tiny models ``omnigen run
+model=omnigen_tiny`` serves, checkpoint writers, the oracle harnesses); ``omnigen`` never imports it.
 """
 
 from pathlib import Path
@@ -26,10 +28,11 @@ def _subpackages(prefix: str, folder: Path) -> list[str]:
 packages = _subpackages("omnigen", HERE / "omnigen")
 for prefix, folder in MAPPED.items():
     packages += _subpackages(prefix, HERE / folder)
+packages += _subpackages("omnigen_testing", HERE / "testing")
 
 setup(
     packages=packages,
-    package_dir={"omnigen": "omnigen", **MAPPED},
+    package_dir={"omnigen": "omnigen", **MAPPED, "omnigen_testing": "testing"},
     package_data={
         "omnigen": ["ruff.toml"],
         "omnigen.conf": ["*.yaml", "**/*.yaml"],

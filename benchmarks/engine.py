@@ -1,13 +1,13 @@
 """Engine-level cost of a decode step: vLLM's engine on CPU with a tiny real Qwen3-TTS talker.
 
 The same tiny checkpoint (vllm-omni 0.30's ``Qwen3TTSTalkerForConditionalGeneration``, built as
-tests/e2e/real/cases/qwen3_tts_talker.py builds it: 1 layer, hidden 128, M-RoPE, bf16, dummy
+testing/real/cases/qwen3_tts_talker.py builds it: 1 layer, hidden 128, M-RoPE, bf16, dummy
 weights) runs through vLLM's ``LLM`` engine in process, once per side, each side in a process of
 its own (vllm-omni's runner needs its patch of vLLM; omnigen's must not get it):
 
 * ``omnigen``: the generated worker (``omnigen.generated.qwen3_tts.qwen3_tts.Qwen3TtsWorker``);
 * ``oracle``: vllm-omni's ``GPUARModelRunner`` composed onto vLLM's ``CPUModelRunner`` (as the
-  real-model differential test composes it: tests/e2e/real/harness.py);
+  real-model differential test composes it: testing/real/harness.py);
 * ``vllm``: the floor, plain vLLM with its own CPU runner on a Qwen3 LM of the talker's backbone
   shape (the talker class itself cannot run on plain vLLM's runner: it needs a runner's
   preprocess hook and payloads).
@@ -40,7 +40,7 @@ SIDES = ("omnigen", "oracle", "vllm")
 
 
 def _requests(count: int, max_tokens: int) -> list:
-    from tests.e2e.real.cases import qwen3_tts_talker as case_module
+    from omnigen_testing.real.cases import qwen3_tts_talker as case_module
 
     text = {"text": "the quick brown fox jumps", "language": "English", "non_streaming_mode": True}
     return [case_module._request(f"r{i}", max_tokens, seed=None, **text) for i in range(count)]
@@ -48,7 +48,7 @@ def _requests(count: int, max_tokens: int) -> list:
 
 def _floor_checkpoint(folder: Path) -> Path:
     """A Qwen3 LM of the talker's backbone shape (plain vLLM's model class, no M-RoPE)."""
-    from tests.e2e.real.cases import qwen3_tts_talker as case_module
+    from omnigen_testing.real.cases import qwen3_tts_talker as case_module
 
     talker = case_module.qwen3_tts_config(case_module.ARCH)["talker_config"]
     folder.mkdir(parents=True, exist_ok=True)
@@ -80,8 +80,8 @@ def _floor_checkpoint(folder: Path) -> Path:
 
 def run_side(side: str, concurrency: list[int], max_tokens: int, work: Path) -> dict:
     """In this process: build the side's engine once, then time each concurrency."""
-    from tests.e2e.real import harness
-    from tests.e2e.real.cases.qwen3_tts_talker import CASE
+    from omnigen_testing.real import harness
+    from omnigen_testing.real.cases.qwen3_tts_talker import CASE
 
     os.environ.update(harness.side_environment("omnigen" if side == "vllm" else side))
     harness.prepare_side("omnigen" if side == "vllm" else side)

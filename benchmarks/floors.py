@@ -61,7 +61,7 @@ from rich.table import Table  # noqa: E402
 from benchmarks import host_overhead  # noqa: E402
 from benchmarks.host_overhead import CELLS  # noqa: E402
 from omnigen.runtime import buffers, mtp, phases  # noqa: E402
-from tests.oracle import harness  # noqa: E402
+from omnigen_testing.oracle import harness  # noqa: E402
 
 TARGETS = {"tts_mtp": 0.12, "tts_mtp_seeded": 0.12, "plain": 0.2, "omni_talker": 0.35}
 """Issue 12's ratio targets at B = 256 for the batched cells (omnigen / vllm-omni)."""

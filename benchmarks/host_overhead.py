@@ -52,9 +52,9 @@ from vllm.utils.gc_utils import freeze_gc_heap  # noqa: E402
 
 from omnigen import api  # noqa: E402
 from omnigen.runtime import buffers, vllm_api  # noqa: E402
-from tests.oracle import harness  # noqa: E402
-from tests.oracle.dummy_model import HIDDEN, NUM_CODES, DummyTalkerModel, make_model  # noqa: E402
-from tests.oracle.policy_map import policy_from_plan  # noqa: E402
+from omnigen_testing.oracle import harness  # noqa: E402
+from omnigen_testing.oracle.dummy_model import HIDDEN, NUM_CODES, DummyTalkerModel, make_model  # noqa: E402
+from omnigen_testing.oracle.policy_map import policy_from_plan  # noqa: E402
 
 HOOKS = ("preprocess", "preprocess_decode_batch", "preprocess_batch")
 # This thread's CPU time: on a shared machine the wall clock also counts the time the process

@@ -403,7 +403,7 @@ def _resolve(part: str) -> tuple[Any, str]:
 def measure(args: argparse.Namespace, cg: Callgrind) -> None:
     """Every counted pass, each dumped under a label naming what it counted."""
     from benchmarks import host_overhead
-    from tests.oracle import harness
+    from omnigen_testing.oracle import harness
 
     # Instrumented (valgrind's slow mode) only while counting: building the runners is most of
     # the work, and counts nothing.
@@ -455,7 +455,7 @@ def _count_pass(
     counted as ``label["pass"]`` says (``total``: the runner's ``_preprocess`` calls; ``hooks``:
     the model's hooks inside them; ``part``: ``label["part"]`` alone), dumped under ``label``."""
     from benchmarks import host_overhead
-    from tests.oracle import harness
+    from omnigen_testing.oracle import harness
 
     kind = label["pass"]
     runner = prep.runner

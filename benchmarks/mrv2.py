@@ -136,7 +136,7 @@ class LeanModel:
 def _steps(batch: int, steps: int, mixed: bool) -> list[list[Any]]:
     """Each measured step's rows (``RowSpec``), after one prefill step: decode rows of short
     prompts, and with ``mixed`` every eighth row a 4-token chunk of a long prompt."""
-    from tests.contract._support import RowSpec
+    from omnigen_testing.contract_support import RowSpec
 
     plan = []
     for k in range(steps + 1):
@@ -157,7 +157,7 @@ class Lane:
     """One target over the steps of a cell: its omni state persists from step to step."""
 
     def __init__(self, target: str, model: str, stage: str, plan: list[list[Any]]) -> None:
-        from tests.contract import _support
+        from omnigen_testing import contract_support as _support
 
         # The contract tests' builders size their persistent buffers for 16 requests.
         _support.MAX_REQS = max(_support.MAX_REQS, len(plan[0]) + 1)
@@ -222,7 +222,7 @@ def host_cost(cells: list[str], batches: list[int], steps: int, repeats: int, mi
     from vllm.utils.gc_utils import freeze_gc_heap
 
     from omnigen.runtime import vllm_api
-    from tests.contract._support import FakeForwardContext, Recorder
+    from omnigen_testing.contract_support import FakeForwardContext, Recorder
 
     found: dict[str, Any] = {}
     turns = random.Random(0)

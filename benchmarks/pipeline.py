@@ -1,6 +1,6 @@
 """End-to-end throughput of a whole pipeline: omnigen's driver against the same stages by hand.
 
-The tiny talker -> code2wav (omnigen/testing/tiny_omni.py) on vLLM's CPU engine, at 1, 8 and
+The tiny talker -> code2wav (testing/tiny_omni.py) on vLLM's CPU engine, at 1, 8 and
 32 concurrent requests:
 
 - ``driver (mp)``: ``omnigen.serving.Pipeline`` with one engine-core process per stage; every
@@ -58,9 +58,9 @@ def sampling() -> dict:
 
 def by_hand(talker, code2wav, batch: list[dict]) -> float:
     """The baseline: both engines' generate, the glue between them; audio seconds made."""
-    from omnigen.glue.omnigen_tiny import talker2code2wav
     from omnigen.glue.types import StageResult
     from omnigen.serving.client import stage_payload
+    from omnigen_testing.tiny_glue import talker2code2wav
 
     params = sampling()
     outs = talker.generate(batch, params["talker"], use_tqdm=False)
@@ -93,7 +93,7 @@ def main() -> None:
 
     from omnigen.runtime.scheduler import scheduler_cls_name
     from omnigen.serving.pipeline import Pipeline
-    from omnigen.testing import tiny_omni
+    from omnigen_testing import tiny_omni
 
     root = tempfile.mkdtemp(prefix="omnigen-bench-")
     models = {

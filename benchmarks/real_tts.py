@@ -1,6 +1,6 @@
 """Real Qwen3-TTS on CPU: omnigen's served pipeline against vllm-omni's runners chained by hand.
 
-Both sides serve the tiny real-shaped Qwen3-TTS CustomVoice checkpoint (``tests/checkpoints``:
+Both sides serve the tiny real-shaped Qwen3-TTS CustomVoice checkpoint (``testing/checkpoints``:
 one folder for both stages, safetensors weights) with the same engine arguments, requests and
 seeds, in one run on this machine:
 
@@ -113,7 +113,7 @@ def rate(wall_s: float, samples: list[int]) -> dict[str, float]:
 def run_omnigen(checkpoint: Path, settings: Any, args: argparse.Namespace, log: Path) -> Measure:
     import httpx
 
-    from tests.e2e import test_real_qwen3_tts as rt
+    from omnigen_testing import qwen3_tts_chain as rt
 
     port = rt.free_port()
     base = f"http://127.0.0.1:{port}"
@@ -176,7 +176,7 @@ def run_omnigen(checkpoint: Path, settings: Any, args: argparse.Namespace, log: 
 def run_oracle(
     checkpoint: Path, settings: Any, args: argparse.Namespace, log: Path, scratch: Path
 ) -> Measure:
-    from tests.e2e import test_real_qwen3_tts as rt
+    from omnigen_testing import qwen3_tts_chain as rt
 
     started = time.perf_counter()
     process = rt.start_oracle(checkpoint, {"bench": settings}, log, scratch)
@@ -355,8 +355,8 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         parser.error(f"unknown side(s) {unknown}; choose from {', '.join(SIDES)}")
 
-    from tests.checkpoints import write_qwen3_tts
-    from tests.e2e import test_real_qwen3_tts as rt
+    from omnigen_testing import qwen3_tts_chain as rt
+    from omnigen_testing.checkpoints import write_qwen3_tts
 
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     settings = rt.ChainSettings(

@@ -23,7 +23,7 @@ engine-core processes summed (psutil, every ~2 s): at warm-up (10% of the reques
 the end, and the slope after warm-up; p50/p99 latency of the valid requests, throughput.
 
 The tiny models record every forward, hook and predictor call they see, for the tests
-(``omnigen.testing.tiny_omni.OmniRecord``, never trimmed): their worker processes grow with
+(``omnigen_testing.tiny_omni.OmniRecord``, never trimmed): their worker processes grow with
 every request served, and their steps slow down as the record grows. The RSS figures are also
 given per process (the server, each engine core, each worker), and the throughput per fifth
 of the load, to tell the server's own memory and speed from the test models'.
@@ -67,7 +67,7 @@ DEFAULT_OUT = REPO_ROOT / "benchmarks" / "results" / "soak.json"
 GRACEFUL_S = 30.0
 """uvicorn's ``timeout_graceful_shutdown`` in ``omnigen.serving.http.serve``."""
 SIGTERM_EXIT = 128 + signal.SIGTERM
-# The tiny pipeline (conf/serve/omnigen_tiny.yaml, omnigen/testing/tiny_omni.py): the talker's
+# The tiny pipeline (conf/serve/omnigen_tiny.yaml, testing/tiny_omni.py): the talker's
 # vocabulary is 0..511 and its context 128 tokens; a talker budget over 31 tokens makes more
 # codes than the code2wav's context takes; one talker token makes no audio frame.
 VOCAB = 512

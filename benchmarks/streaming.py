@@ -6,8 +6,8 @@ stage's sampling; ``omnigen.pipeline_commands``):
 
 * ``omnigen_tiny``: omnigen's tiny talker -> code2wav (random weights, ``conf/serve/omnigen_tiny.yaml``
   with a 512-token context so the takes are long enough to stream; 16 kHz, 16 samples a frame);
-* ``qwen3_tts``: the tiny real-shaped Qwen3-TTS CustomVoice checkpoint (``tests/checkpoints``,
-  what ``python -m tests.checkpoints qwen3_tts --variant custom_voice --out DIR`` writes; vllm-omni's
+* ``qwen3_tts``: the tiny real-shaped Qwen3-TTS CustomVoice checkpoint (``testing/checkpoints``,
+  what ``python -m omnigen_testing.checkpoints qwen3_tts --variant custom_voice --out DIR`` writes; vllm-omni's
   classes), with the engine settings of ``benchmarks/real_tts.py`` (eager). Its codec decoder is
   tiny too (16 samples a frame at 24 kHz) but the talker makes as many codec frames as the released
   model would for the same length of speech: the figures are also given in the released model's
@@ -105,7 +105,7 @@ GOAL_UTTERANCE_S = 5.0
 RELEASED_FRAME_RATE_HZ = 12.5
 """Qwen3-TTS-12Hz's codec frames per second of speech (24 kHz, 1920 samples a frame)."""
 TINY_CONTEXT = 512
-"""The tiny talker's and code2wav's ``max_position_embeddings`` (omnigen/testing/tiny_omni.py):
+"""The tiny talker's and code2wav's ``max_position_embeddings`` (testing/tiny_omni.py):
 the talker's prompt plus budget, and the code2wav's four codes a frame, must fit in it."""
 TINY_TEXTS = (
     "Hello from omnigen.",
@@ -150,7 +150,7 @@ def model_overrides(model: str, args: argparse.Namespace, checkpoint: Path | Non
             f"serve.engine.max_num_seqs={max(args.concurrency)}",
             f"serve.max_tokens={args.tiny_max_tokens}",
         ]
-    from tests.e2e.test_real_qwen3_tts import ChainSettings
+    from omnigen_testing.qwen3_tts_chain import ChainSettings
 
     frames = args.qwen3_max_tokens
     # A stream window holds its frames and up to left_context_frames before them; a full take all.
@@ -377,7 +377,7 @@ def run_model(model: str, args: argparse.Namespace, work: Path) -> dict[str, Any
     if model == "qwen3_tts":
         checkpoint = args.checkpoint
         if checkpoint is None:
-            from tests.checkpoints import write_qwen3_tts
+            from omnigen_testing.checkpoints import write_qwen3_tts
 
             checkpoint = write_qwen3_tts(work / "qwen3_tts", variant="custom_voice", seed=0)
     budget = args.tiny_max_tokens if model == "omnigen_tiny" else args.qwen3_max_tokens
@@ -549,7 +549,7 @@ def build_parser() -> argparse.ArgumentParser:
         type=Path,
         default=None,
         help="a Qwen3-TTS checkpoint folder to serve instead of writing the tiny real-shaped one "
-        "(python -m tests.checkpoints qwen3_tts --variant custom_voice --out DIR)",
+        "(python -m omnigen_testing.checkpoints qwen3_tts --variant custom_voice --out DIR)",
     )
     parser.add_argument(
         "--timeout",

@@ -327,6 +327,7 @@ class ModelPlan:
                 "config_class": self.checkpoint.config_class,
                 "model_classes": self.model_classes,
                 "request_builder": self.checkpoint.request_builder,
+                "synthetic": self.checkpoint.synthetic,
             },
             "stages": {
                 s.stage: {

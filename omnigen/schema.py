@@ -348,6 +348,11 @@ class CheckpointConf:
     """Dotted path of the class that turns a user's request into the first stage's prompt and
     payload (``omnigen.requests``); null: the first stage takes the text (or token ids) as given."""
 
+    synthetic: Optional[str] = None
+    """Dotted path of a function ``(folder, variant) -> model path`` that writes a synthetic
+    checkpoint of one stage (random weights) into ``folder``: ``serve.models.STAGE=synthetic:VARIANT``
+    calls it (omnigen's tiny test models declare ``omnigen_testing.tiny_omni.write_synthetic``)."""
+
 
 @dataclass
 class StageConf:
@@ -556,8 +561,8 @@ class ServeConf:
 
     models: Dict[str, Optional[str]] = field(default_factory=dict)
     """Each stage's model where it differs from ``checkpoint``: a checkpoint folder or hub name,
-    or ``omnigen_tiny:VARIANT`` for omnigen's tiny test models (written to a temporary folder;
-    ``omnigen_tiny:thinker`` with its tokenizer). A model's serve config
+    or ``synthetic:VARIANT`` for a checkpoint the model's ``checkpoint.synthetic`` writer writes
+    to a temporary folder (omnigen's tiny test models). A model's serve config
     (``conf/serve/<model>.yaml``) lists its stages, so ``serve.models.STAGE=DIR`` needs no ``+``."""
 
     mode: PipelineMode = PipelineMode.mp

@@ -90,6 +90,7 @@ class CheckpointSpec:
     extra_classes: tuple[tuple[str, str], ...] = ()
     """``(arch, dotted class path)``, sorted."""
     request_builder: str | None = None
+    synthetic: str | None = None
 
 
 @dataclass(frozen=True)
@@ -376,10 +377,10 @@ def _model_spec(model: ModelConf, findings: _Findings, file_stem: str | None) ->
 
 def _checkpoint_spec(checkpoint: Any, stages: tuple[StageSpec, ...], findings: _Findings) -> CheckpointSpec:
     """The checkpoint section: every class a dotted path, a config class with its model_type."""
-    for name in ("config_class", "request_builder"):
+    for name, what in (("config_class", "Class"), ("request_builder", "Class"), ("synthetic", "function")):
         value = getattr(checkpoint, name)
         if value is not None and not is_dotted_path(value):
-            findings.add(f"checkpoint.{name}", f"{value!r} is not a dotted path; write package.module.Class")
+            findings.add(f"checkpoint.{name}", f"{value!r} is not a dotted path; write package.module.{what}")
     for arch, path in checkpoint.extra_classes.items():
         if not is_identifier(arch):
             findings.add(f"checkpoint.extra_classes.{arch}", f"{arch!r} is not an architecture name")
@@ -417,6 +418,7 @@ def _checkpoint_spec(checkpoint: Any, stages: tuple[StageSpec, ...], findings: _
         config_class=checkpoint.config_class,
         extra_classes=tuple(sorted(checkpoint.extra_classes.items())),
         request_builder=checkpoint.request_builder,
+        synthetic=checkpoint.synthetic,
     )
 
 
@@ -672,7 +674,7 @@ def _check_glue_name(name: str, key: str, add: Any) -> None:
 
 
 def _vllm_omni_glue_problem(name: str) -> str:
-    from omnigen.glue.registry import VLLM_OMNI_EQUIVALENTS
+    from omnigen.vllm_omni_ports import VLLM_OMNI_EQUIVALENTS
 
     ours = [own for own, theirs in VLLM_OMNI_EQUIVALENTS.items() if name in theirs]
     instead = f"use omnigen's port, {ours[0]}" if ours else "port it to omnigen/glue (see its README)"

@@ -69,8 +69,8 @@ def test_a_class_that_does_not_load_names_its_stage_and_path():
     assert "install it: pip install mine-provider" in str(info.value)
     # The module is there but has no such class: installing would not help, so no such advice.
     with pytest.raises(models.ModelClassError) as info:
-        models.register_declared(_mine("omnigen.testing.tiny_omni.NoSuchClass"))
-    assert "stage talker runs MyTalker as omnigen.testing.tiny_omni.NoSuchClass" in str(info.value)
+        models.register_declared(_mine("omnigen_testing.tiny_omni.NoSuchClass"))
+    assert "stage talker runs MyTalker as omnigen_testing.tiny_omni.NoSuchClass" in str(info.value)
     assert "AttributeError" in str(info.value) and "install" not in str(info.value)
 
 

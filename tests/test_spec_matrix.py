@@ -202,7 +202,7 @@ def test_generated_v2_target_has_exactly_the_matrix_paths(model, stage):
 def test_the_matrix_v2_keys_follow_its_rules(model, stage):
     """The v2_* keys are derived from the others by the rules the matrix's header states (the
     contract tests derive a config variant's the same way)."""
-    from tests.contract._support import derived_v2_keys
+    from omnigen_testing.contract_support import derived_v2_keys
 
     caps = MATRIX[model][stage]
     assert {k: caps[k] for k in derived_v2_keys(caps)} == derived_v2_keys(caps)

@@ -22,7 +22,7 @@ import torch
 from omnigen import api
 from omnigen.runtime import vllm_api
 from omnigen.runtime.worker import cpu_runner_class
-from omnigen.testing.tiny_omni import TALKER_ARCH, write_tiny_config
+from omnigen_testing.tiny_omni import TALKER_ARCH, write_tiny_config
 from tests.contract._engine_config import engine_config
 
 if not vllm_api.v1_runner_available():

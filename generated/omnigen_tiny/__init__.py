@@ -12,8 +12,8 @@ WORKERS = {
 # What serving this model registers with vLLM in each of its processes (omnigen.models).
 ARCHS = {"talker": "OmnigenTinyTalkerForConditionalGeneration", "code2wav": "OmnigenTinyCode2Wav"}
 MODEL_CLASSES = {
-    "OmnigenTinyCode2Wav": "omnigen.testing.tiny_omni.OmnigenTinyCode2Wav",
-    "OmnigenTinyTalkerForConditionalGeneration": "omnigen.testing.tiny_omni.OmnigenTinyTalker",
+    "OmnigenTinyCode2Wav": "omnigen_testing.tiny_omni.OmnigenTinyCode2Wav",
+    "OmnigenTinyTalkerForConditionalGeneration": "omnigen_testing.tiny_omni.OmnigenTinyTalker",
 }
 PROVIDER = None
 PROVIDER_INSTALL = None

@@ -17,9 +17,9 @@ ARCHS = {
     "code2wav": "OmnigenTinyCode2Wav",
 }
 MODEL_CLASSES = {
-    "OmnigenTinyCode2Wav": "omnigen.testing.tiny_omni.OmnigenTinyCode2Wav",
-    "OmnigenTinyTalkerForConditionalGeneration": "omnigen.testing.tiny_omni.OmnigenTinyTalker",
-    "OmnigenTinyThinkerForConditionalGeneration": "omnigen.testing.tiny_omni.OmnigenTinyThinker",
+    "OmnigenTinyCode2Wav": "omnigen_testing.tiny_omni.OmnigenTinyCode2Wav",
+    "OmnigenTinyTalkerForConditionalGeneration": "omnigen_testing.tiny_omni.OmnigenTinyTalker",
+    "OmnigenTinyThinkerForConditionalGeneration": "omnigen_testing.tiny_omni.OmnigenTinyThinker",
 }
 PROVIDER = None
 PROVIDER_INSTALL = None

@@ -1,7 +1,8 @@
 """What ``omnigen run`` and ``omnigen serve`` read from the composed config's ``serve`` section.
 
 Each stage's model path (``serve.checkpoint`` for every stage, ``serve.models.STAGE`` where one
-differs; ``omnigen_tiny:VARIANT`` writes a tiny test model's config to a temporary folder), its
+differs; ``synthetic:VARIANT`` has the model's declared ``checkpoint.synthetic`` writer write one
+to a temporary folder), its
 engine arguments (``serve.engine`` under ``serve.stage_engine[stage]``, plus the stage's
 architecture for a checkpoint whose config names the whole model), each stage's sampling, and
 how a request becomes the first stage's input: the model's request builder where it declares
@@ -10,9 +11,11 @@ one (``checkpoint.request_builder``), else the text or token ids as given.
 
 from __future__ import annotations
 
+import atexit
 import importlib
 import inspect
 import os
+import shutil
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,7 +26,7 @@ from omegaconf import DictConfig, OmegaConf
 from omnigen.plan import ModelPlan
 from omnigen.requests.base import BuiltRequest, ChatInput, RequestBuilder, RequestError, SpeechInput
 
-TINY_PREFIX = "omnigen_tiny:"
+SYNTHETIC_PREFIX = "synthetic:"
 BYTE_TOKEN_OFFSET = 10
 """``serve.tokenizer=bytes``: byte ``b`` of a UTF-8 prompt is token ``b + 10``."""
 DEFAULT_SAMPLE_RATE = 24000
@@ -101,8 +104,7 @@ def read_settings(cfg: DictConfig, plan: ModelPlan) -> Settings:
     problems += _ray_problems(serve, plan)
     if problems:
         raise SettingsError("; ".join(problems))
-    scratch = Path(tempfile.mkdtemp(prefix="omnigen-tiny-"))
-    stage_models = {stage: _model_path(_stage_model(serve, stage), stage, scratch) for stage in stages}
+    stage_models = _stage_models(serve, plan)
     first_max_tokens = (serve["sampling"].get(stages[0]) or {}).get("max_tokens", serve["max_tokens"])
     builder = _request_builder(plan, stage_models[stages[0]], first_max_tokens)
     sample_rate = serve["sample_rate"] or (builder.sample_rate() if builder else DEFAULT_SAMPLE_RATE)
@@ -206,20 +208,37 @@ def _enum_value(value: Any) -> str:
     return str(getattr(value, "value", value))
 
 
-def _model_path(value: str, stage: str, scratch: Path) -> str:
-    if not value.startswith(TINY_PREFIX):
-        return value
-    from omnigen.testing import tiny_omni
+def _stage_models(serve: dict[str, Any], plan: ModelPlan) -> dict[str, str]:
+    """Each stage's model path; ``synthetic:VARIANT`` paths written once, to one scratch folder."""
+    values = {s.stage: _stage_model(serve, s.stage) for s in plan.stages}
+    if not any(value.startswith(SYNTHETIC_PREFIX) for value in values.values()):
+        return values
+    scratch = Path(tempfile.mkdtemp(prefix=f"omnigen-{plan.name}-synthetic-"))
+    atexit.register(shutil.rmtree, scratch, ignore_errors=True)  # the engines read it at start only
+    return {stage: _model_path(value, stage, plan, scratch) for stage, value in values.items()}
 
-    variant = value.removeprefix(TINY_PREFIX)
-    if variant not in tiny_omni.VARIANTS:
+
+def _model_path(value: str, stage: str, plan: ModelPlan, scratch: Path) -> str:
+    if not value.startswith(SYNTHETIC_PREFIX):
+        return value
+    variant = value.removeprefix(SYNTHETIC_PREFIX)
+    writer_path = plan.checkpoint.synthetic
+    if writer_path is None:
         raise SettingsError(
-            f"serve.models.{stage}: no tiny variant {variant!r}; choose one of: {', '.join(sorted(tiny_omni.VARIANTS))}"
+            f"serve.models.{stage}: {value!r} asks for a synthetic checkpoint, but {plan.name} declares "
+            "no writer (checkpoint.synthetic in its model config); give a checkpoint folder instead"
         )
-    # omnigen_tiny:thinker also writes the thinker's tokenizer into its folder.
-    return tiny_omni.write_tiny_config(
-        scratch / stage, arch=tiny_omni.VARIANT_ARCHS[variant], variant=variant
-    )
+    module_name, _, attr = writer_path.rpartition(".")
+    try:
+        writer = getattr(importlib.import_module(module_name), attr)
+    except (ImportError, AttributeError) as exc:
+        raise SettingsError(
+            f"{plan.name}: checkpoint.synthetic {writer_path!r} does not import: {exc}"
+        ) from exc
+    try:
+        return str(writer(scratch / stage, variant))
+    except ValueError as exc:  # the writer's own words, e.g. the variants it knows
+        raise SettingsError(f"serve.models.{stage}: {value!r}: {exc}") from exc
 
 
 def _request_builder(plan: ModelPlan, checkpoint: str, max_tokens: int) -> RequestBuilder | None:

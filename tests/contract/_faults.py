@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from ._support import FakeModel
+from omnigen_testing.contract_support import FakeModel
 
 
 class HookFailure(RuntimeError):

@@ -15,8 +15,7 @@ from pathlib import Path
 import pytest
 
 from omnigen.runtime import vllm_api
-
-from ._support import TARGETS, FakeForwardContext, FakeGraphWrapper, Recorder
+from omnigen_testing.contract_support import TARGETS, FakeForwardContext, FakeGraphWrapper, Recorder
 
 OPTIMIZED_SCRIPT = Path(__file__).with_name("optimized_check.py")
 

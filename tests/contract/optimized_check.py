@@ -17,8 +17,8 @@ from types import SimpleNamespace
 sys.path.insert(0, str(Path(__file__).parents[1]))
 
 from contract import _faults as f  # noqa: E402
-from contract import _support as s  # noqa: E402
 from omnigen.runtime import phases  # noqa: E402
+from omnigen_testing import contract_support as s  # noqa: E402
 
 CONTIGUITY = "Non-MTP batched decode preprocessing requires contiguous in-bounds token offsets"
 

@@ -8,8 +8,7 @@ import pytest
 import torch
 
 from omnigen.runtime.serialization import deserialize_additional_information, serialize_additional_information
-
-from ._support import (
+from omnigen_testing.contract_support import (
     DeviceTensor,
     bare_runner,
     bare_state,

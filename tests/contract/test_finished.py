@@ -6,8 +6,14 @@ import pytest
 import torch
 
 from omnigen.runtime import vllm_api
-
-from ._support import bare_runner, ids, request_state, rows_of, scheduler_output, shipped
+from omnigen_testing.contract_support import (
+    bare_runner,
+    ids,
+    request_state,
+    rows_of,
+    scheduler_output,
+    shipped,
+)
 
 ALL = shipped()
 
@@ -116,7 +122,7 @@ def loaded_v2_runner(variant):
 
 
 def loaded_runner_on(variant, target):
-    from ._support import bare_state
+    from omnigen_testing.contract_support import bare_state
 
     if target == "v1":
         return loaded_runner(variant)
@@ -167,7 +173,7 @@ def test_v2_a_resumed_request_keeps_its_buffer_and_is_not_merged_twice(variant, 
     """4.2/8.2 on V2: a preempted request comes back as a new request (its payload handle already
     released); its buffer stays as it was, nothing is merged again. A request admitted again
     without a preemption (a streaming input's next chunk) merges what it brings."""
-    from ._support import new_request
+    from omnigen_testing.contract_support import new_request
 
     runner, (_done, preempted, running) = loaded_v2_runner(variant)
     state = runner.model_state

@@ -9,8 +9,7 @@ import torch
 import vllm.utils.torch_utils as torch_utils
 
 from omnigen.runtime.outputs import OmniOutput
-
-from ._support import (
+from omnigen_testing.contract_support import (
     CELLS,
     FakeModel,
     Recorder,
@@ -247,8 +246,7 @@ def v2_forward(variant: Variant, recorder: Recorder, forward=None):
     """The stage's V2 model state over a two-row step (rows a, b of two tokens), its adapter on the
     model, and V2's call: ``(state, model, run)``; ``run(inputs)`` is V2's forward of one step."""
     from omnigen.runtime.v2.state import install_forward_adapter
-
-    from ._support import RowSpec, Step, bare_state, v2_step_of
+    from omnigen_testing.contract_support import RowSpec, Step, bare_state, v2_step_of
 
     step = Step([RowSpec("a", 4, 2, 2, tag=1), RowSpec("b", 4, 2, 2, tag=2)])
     model = AdaptedModel(recorder, forward)

@@ -16,8 +16,7 @@ import pytest
 
 from omnigen import paths
 from omnigen.runtime import vllm_api
-
-from ._support import (
+from omnigen_testing.contract_support import (
     HOOK_VARIANTS,
     MTP_VARIANTS,
     ids,
@@ -25,6 +24,7 @@ from ._support import (
     stage_plan,
     stage_source,
 )
+
 from .test_buffers import MERGING, REPLACING
 from .test_forward_outputs import METADATA
 from .test_mrope_and_features import ATTACH

@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from omnigen.runtime import phases
+from omnigen_testing.contract_support import HOOK_VARIANTS, Step, Variant, ids, rig, rows_of, runner_state
 
 from ._faults import (
     BATCH_FAULTS,
@@ -26,7 +27,6 @@ from ._faults import (
     arm,
     hook_message,
 )
-from ._support import HOOK_VARIANTS, Step, Variant, ids, rig, rows_of, runner_state
 
 # The third per-row call: the decode row on a stage without decode batching (an MTP row on an MTP
 # stage), cached_prefill on a stage with it.

@@ -6,7 +6,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from ._support import (
+from omnigen_testing.contract_support import (
     ORDERS,
     Step,
     bare_runner,

@@ -37,7 +37,7 @@ from vllm.v1.worker import gpu_model_runner
 from omnigen import api, paths
 from omnigen.runtime import mtp, vllm_api
 from omnigen.runtime.worker import cpu_runner_class
-from omnigen.testing.tiny_omni import TALKER_ARCH, write_tiny_config
+from omnigen_testing.tiny_omni import TALKER_ARCH, write_tiny_config
 
 from ._cudagraph import SimulatedGraphWrapper, simulated_cuda_graphs
 from ._engine_config import engine_config

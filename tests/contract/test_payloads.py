@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from ._support import TARGETS, Variant, bare_runner, bare_state, ids, ov, shipped
+from omnigen_testing.contract_support import TARGETS, Variant, bare_runner, bare_state, ids, ov, shipped
 
 ALL = shipped()
 ACCUMULATING = shipped(lambda c: c["accumulates_full_payload"])

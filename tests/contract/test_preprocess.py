@@ -12,8 +12,7 @@ import torch
 
 from omnigen.pipeline import ConfigError
 from omnigen.runtime import vllm_api
-
-from ._support import (
+from omnigen_testing.contract_support import (
     BATCH_VARIANTS,
     HOOK_VARIANTS,
     ORDERS,

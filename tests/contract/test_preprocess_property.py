@@ -23,17 +23,7 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from omnigen.runtime import phases, vllm_api
-
-from ._faults import (
-    BATCH_FAULTS,
-    BATCH_MTP_FAULTS,
-    FAULTS,
-    ROW_FAULTS,
-    ROW_MTP_FAULTS,
-    HookFailure,
-    hook_message,
-)
-from ._support import (
+from omnigen_testing.contract_support import (
     HIDDEN,
     HOOK_VARIANTS,
     MTP_BUFFER_NAMES,
@@ -48,6 +38,16 @@ from ._support import (
     freeze,
     rig,
     runner_state,
+)
+
+from ._faults import (
+    BATCH_FAULTS,
+    BATCH_MTP_FAULTS,
+    FAULTS,
+    ROW_FAULTS,
+    ROW_MTP_FAULTS,
+    HookFailure,
+    hook_message,
 )
 
 EXAMPLES = 250

@@ -24,8 +24,13 @@ from vllm.v1.worker.gpu_input_batch import CachedRequestState
 from omnigen.runtime import mrope, serialization, step_outputs, vllm_api
 from omnigen.runtime.base import new_request_payloads
 from omnigen.runtime.outputs import OmniOutput, as_omni_output, is_omni_output
-
-from ._support import Recorder, bare_runner, query_start_loc_buffer, runner_class, stage_source
+from omnigen_testing.contract_support import (
+    Recorder,
+    bare_runner,
+    query_start_loc_buffer,
+    runner_class,
+    stage_source,
+)
 
 H = 4
 

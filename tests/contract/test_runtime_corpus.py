@@ -15,8 +15,9 @@ import pytest
 import torch
 import yaml
 
+from omnigen_testing.contract_support import HOOK_VARIANTS, ROW_KINDS, Step, rig, rows_of, runner_state
+
 from ._faults import FAULTS, HookFailure, arm, hook_message
-from ._support import HOOK_VARIANTS, ROW_KINDS, Step, rig, rows_of, runner_state
 
 CORPUS = Path(__file__).parents[1] / "corpus" / "runtime"
 VARIANTS = {v.id: v for v in HOOK_VARIANTS}

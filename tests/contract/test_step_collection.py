@@ -8,7 +8,7 @@ import gc
 
 import pytest
 
-from ._support import HOOK_VARIANTS, Step, ids, rig, rows_of
+from omnigen_testing.contract_support import HOOK_VARIANTS, Step, ids, rig, rows_of
 
 KINDS = ["decode", "prefill", "decode", "decode"]
 

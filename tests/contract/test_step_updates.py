@@ -10,7 +10,16 @@ from typing import Any
 import pytest
 import torch
 
-from ._support import HOOK_VARIANTS, DeviceTensor, FakeModel, Step, ids, on_device, rig, rows_of
+from omnigen_testing.contract_support import (
+    HOOK_VARIANTS,
+    DeviceTensor,
+    FakeModel,
+    Step,
+    ids,
+    on_device,
+    rig,
+    rows_of,
+)
 
 KINDS = ["decode", "prefill", "decode", "decode", "tail", "decode", "cached_prefill"]
 HOST = ("meta", "host_vector")

@@ -17,8 +17,7 @@ from vllm.v1.utils import CpuGpuBuffer
 
 from omnigen.runtime import mtp, vllm_api
 from omnigen.runtime.v2 import OmniModelStateV2
-
-from ._support import (
+from omnigen_testing.contract_support import (
     MTP_BUFFER_NAMES,
     MTP_VARIANTS,
     ORDERS,

@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from ._support import HOOK_VARIANTS, FakeModel, Step, ids, rig, rows_of, runner_state
+from omnigen_testing.contract_support import HOOK_VARIANTS, FakeModel, Step, ids, rig, rows_of, runner_state
 
 FAULTS = ("raises", "short_embeds", "wide_embeds", "int_embeds", "ids_count", "update_type")
 # Five rows the per-row hook takes one by one (prefills), with a decode row between them.

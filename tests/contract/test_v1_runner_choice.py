@@ -26,7 +26,7 @@ from vllm.v1.worker.gpu_worker import Worker
 from omnigen import api
 from omnigen.runtime import vllm_api, worker
 from omnigen.runtime.scheduler import OmniAsyncScheduler, OmniScheduler
-from omnigen.testing.tiny_omni import TALKER_ARCH, write_tiny_config
+from omnigen_testing.tiny_omni import TALKER_ARCH, write_tiny_config
 
 from ._engine_config import engine_config
 

@@ -6,7 +6,7 @@ and 6.4): a generation step's output without V2's sampler, the model's own sampl
 ``custom_sampler``, the sampling metadata V2 lacks, the rope states, a full-graph replay's
 step, and what the worker sets before V2 builds anything. V2's own code runs (``InputBatch``,
 ``RequestState``, ``RopeState``, ``SamplerOutput``, V2's ``postprocess_num_computed_tokens``);
-where it launches a Triton kernel, only that kernel is simulated (``omnigen.testing.mrv2_cpu``).
+where it launches a Triton kernel, only that kernel is simulated (``omnigen_testing.mrv2_cpu``).
 """
 
 from __future__ import annotations
@@ -19,9 +19,8 @@ import torch
 from omnigen import api
 from omnigen.runtime import vllm_api, vllm_api_v2
 from omnigen.runtime.v2 import FilteredKwargsRopeState, TextOnlyRopeState
-from omnigen.testing import mrv2_cpu
-
-from ._support import (
+from omnigen_testing import mrv2_cpu
+from omnigen_testing.contract_support import (
     RowSpec,
     Step,
     bare_state,

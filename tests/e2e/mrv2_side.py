@@ -6,11 +6,11 @@ Run in a process of its own, once per side::
 
 ``SIDE`` is ``v1`` (vLLM's V1 runner: the generated ``<stage>.py``) or ``v2`` (vLLM's Model
 Runner V2 with the generated ``<stage>_v2.py`` target). Both sides run vLLM's real engine (engine
-core in process) on the same tiny models (``omnigen.testing.tiny_omni``) with the same weights,
+core in process) on the same tiny models (``omnigen_testing.tiny_omni``) with the same weights,
 requests and scheduler settings, through the same generated worker class, which builds the
 target ``vllm_api.runner_target`` picks: V1 where vLLM chose V1, V2 under
 ``VLLM_USE_V2_MODEL_RUNNER=1``. On this CPU vLLM's V2 runner runs with only its Triton kernels
-simulated (``omnigen.testing.mrv2_cpu``); everything else is vLLM's code.
+simulated (``omnigen_testing.mrv2_cpu``); everything else is vLLM's code.
 
 Every engine step that ran tokens is recorded by a worker subclass, after sampling: the step's
 requests, what each published (the step payload, 8.1), the codes in its buffer, its buffer's
@@ -46,7 +46,7 @@ ENGINE: dict[str, Any] = {
 PROMPT_LENS = (9, 1, 5, 3)
 MAX_TOKENS = 6
 
-# (case, tiny-model variant of omnigen.testing.tiny_omni, the omnigen model and stage, overrides)
+# (case, tiny-model variant of omnigen_testing.tiny_omni, the omnigen model and stage, overrides)
 CASES: list[tuple[str, str, str, str, tuple[str, ...]]] = [
     ("talker.mtp_batched", "mtp_batched", "omnigen_tiny", "talker", ()),
     (
@@ -149,7 +149,7 @@ def recording_worker(base: type, steps: list[dict[str, Any]]) -> type:
 
 
 def _prompts(case: str, talker_codes: dict[str, Any] | None) -> list[dict[str, Any]]:
-    from omnigen.testing import tiny_omni
+    from omnigen_testing import tiny_omni
 
     if case == "code2wav":
         assert talker_codes, "the code2wav case needs the talker case's payloads"
@@ -197,7 +197,7 @@ def run_case(
 
     from omnigen import api
     from omnigen.serving.client import stage_payload
-    from omnigen.testing import tiny_omni
+    from omnigen_testing import tiny_omni
 
     arch = tiny_omni.VARIANT_ARCHS[variant]
     model_dir = tiny_omni.write_tiny_config(work / case, arch=arch, variant=variant)
@@ -251,7 +251,7 @@ def run_case(
 def main() -> None:
     side, out = sys.argv[1], Path(sys.argv[2])
     if side == "v2":
-        from omnigen.testing import mrv2_cpu
+        from omnigen_testing import mrv2_cpu
 
         mrv2_cpu.allow_v2_without_triton()
         kernels = mrv2_cpu.install()

@@ -1,4 +1,4 @@
-"""End to end: vLLM's REAL weight loader reads ``tests/checkpoints``' tiny Qwen3-TTS folder.
+"""End to end: vLLM's REAL weight loader reads ``testing/checkpoints``' tiny Qwen3-TTS folder.
 
 ``write_qwen3_tts`` writes the CustomVoice checkpoint (one folder, both stages, as released) into
 ``tmp_path``; a child process (this module run as a script, so vLLM and vllm-omni are never
@@ -170,7 +170,7 @@ def _prepare() -> None:
     from vllm import ModelRegistry
     from vllm.transformers_utils import config as vllm_config_utils
 
-    from tests.e2e.real import harness
+    from omnigen_testing.real import harness
 
     harness.install_standins()  # torchaudio (not installable next to torch 2.13): import-only
     harness.install_bare_vllm_omni()
@@ -285,7 +285,7 @@ def _talker_requests(model_dir: Path) -> list[tuple[str, list[int], dict[str, An
     """CustomVoice requests, placeholder prompts as long as vllm-omni's estimator says."""
     from vllm_omni.model_executor.models.qwen3_tts.prompt_embeds_builder import Qwen3TTSPromptEmbedsBuilder
 
-    from tests.checkpoints import qwen3_tts
+    from omnigen_testing.checkpoints import qwen3_tts
 
     config = json.loads((model_dir / "config.json").read_text())["talker_config"]
     tokenizer = qwen3_tts.text_tokenizer()
@@ -310,7 +310,7 @@ def _talker_requests(model_dir: Path) -> list[tuple[str, list[int], dict[str, An
 
 
 def _code2wav_requests() -> list[tuple[str, list[int], dict[str, Any]]]:
-    from tests.e2e.real.cases import qwen3_tts_code2wav
+    from omnigen_testing.real.cases import qwen3_tts_code2wav
 
     return [(r.request_id, r.prompt_token_ids, r.payload) for r in qwen3_tts_code2wav.requests()[:2]]
 
@@ -438,7 +438,7 @@ def _delete_tensor(src: Path, dst: Path, file: str, name: str) -> Path:
 def loads(tmp_path_factory) -> dict[str, Any]:
     if importlib.util.find_spec("vllm_omni") is None:
         pytest.skip("vllm-omni (the Qwen3-TTS model classes) is not installed")
-    from tests.checkpoints import write_qwen3_tts
+    from omnigen_testing.checkpoints import write_qwen3_tts
 
     root = tmp_path_factory.mktemp("qwen3_tts_checkpoints")
     folder = write_qwen3_tts(root / "custom_voice", "custom_voice", seed=0)

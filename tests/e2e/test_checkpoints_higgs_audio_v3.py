@@ -1,4 +1,4 @@
-"""End to end: vLLM's REAL weight loader reads ``tests/checkpoints``' tiny Higgs Audio v3 folder.
+"""End to end: vLLM's REAL weight loader reads ``testing/checkpoints``' tiny Higgs Audio v3 folder.
 
 ``write_higgs_audio_v3`` writes one folder for both stages (the codec bundled in its safetensors,
 as released) into ``tmp_path``; a child process (this module run as a script, so vLLM and
@@ -255,7 +255,7 @@ def _delete_tensors(src: Path, dst: Path, prefix: str) -> Path:
 def loads(tmp_path_factory) -> dict[str, Any]:
     if importlib.util.find_spec("vllm_omni") is None:
         pytest.skip("vllm-omni (the Higgs Audio v3 model classes) is not installed")
-    from tests.checkpoints import write_higgs_audio_v3
+    from omnigen_testing.checkpoints import write_higgs_audio_v3
 
     root = tmp_path_factory.mktemp("higgs_checkpoints")
     folder = write_higgs_audio_v3(root / "higgs", seed=0)

@@ -1,7 +1,7 @@
 """End to end: vLLM's real engine loads and drives the generated omni runners.
 
 ``vllm.LLM`` (V1 engine, engine core in process) loads omnigen's tiny omni models
-(``omnigen/testing/tiny_omni.py``, random weights; registered by the ``omnigen``
+(``testing/tiny_omni.py``, random weights; registered by the ``omnigen``
 ``vllm.general_plugins`` entry point) with ``worker_cls`` set to a GENERATED worker:
 ``omnigen.generated.omnigen_tiny.talker.OmnigenTinyTalkerWorker`` and
 ``...code2wav.OmnigenTinyCode2wavWorker`` as committed, or a variant of
@@ -97,7 +97,7 @@ def _runner_state(w: Any) -> dict[str, Any]:
 
 def _pending_payloads(w: Any) -> dict[str, dict[str, Any]]:
     """In the worker: each pending full payload, materialized, and the next stage's prompt."""
-    from omnigen.testing.tiny_omni import talker_to_code2wav
+    from omnigen_testing.tiny_omni import talker_to_code2wav
 
     runner = w.model_runner
     found = {}
@@ -118,7 +118,7 @@ class Engine:
     def __init__(self, tmp_path_factory: Any, variant: str, **overrides: Any) -> None:
         from vllm import LLM
 
-        from omnigen.testing import tiny_omni
+        from omnigen_testing import tiny_omni
 
         arch = tiny_omni.CODE2WAV_ARCH if variant == "code2wav" else tiny_omni.TALKER_ARCH
         model_dir = tiny_omni.write_tiny_config(tmp_path_factory.mktemp(variant), arch=arch, variant=variant)
@@ -234,7 +234,7 @@ def _check_generated_runner(state: dict[str, Any], variant: str, stage: str) -> 
     from vllm.platforms import current_platform
 
     from omnigen import api
-    from omnigen.testing.tiny_omni import TINY_MODEL, VARIANT_OVERRIDES
+    from omnigen_testing.tiny_omni import TINY_MODEL, VARIANT_OVERRIDES
 
     overrides = VARIANT_OVERRIDES[variant]
     plan = api.stage_plan(TINY_MODEL, stage, overrides)
@@ -634,7 +634,7 @@ class TestCode2Wav:
 
     def test_talker_payload_to_code2wav(self, chain, code2wav_engine):
         """talker run -> accumulated payload -> talker_to_code2wav -> code2wav run."""
-        from omnigen.testing.tiny_omni import CODE2WAV_TOKEN_BASE
+        from omnigen_testing.tiny_omni import CODE2WAV_TOKEN_BASE
 
         if "prompts" not in chain:
             pytest.fail(chain.get("error", "the seeded talker run (TestTalkerMtpBatched) failed"))

@@ -8,7 +8,7 @@ code2wav (a generation stage) on the talker's own codes, and the thinker of
 side the generated V2 target (``<stage>_v2.py``) on vLLM's Model Runner V2, through the same
 generated worker (``vllm_api.runner_target`` picks; the sides differ in
 ``VLLM_USE_V2_MODEL_RUNNER`` only). On this CPU the V2 side runs vLLM's V2 runner with its Triton
-kernels simulated (``omnigen.testing.mrv2_cpu``: exactly the kernels listed in its
+kernels simulated (``omnigen_testing.mrv2_cpu``: exactly the kernels listed in its
 ``SIMULATED``; any other one a step reached would fail the side, naming it).
 
 For every step both sides ran, and for every request in it: the payload it published (8.1), the

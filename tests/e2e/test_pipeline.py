@@ -41,7 +41,7 @@ ENGINE = dict(
 
 @pytest.fixture(scope="module")
 def stage_models(tmp_path_factory):
-    from omnigen.testing import tiny_omni
+    from omnigen_testing import tiny_omni
 
     root = tmp_path_factory.mktemp("tiny")
     return {
@@ -76,7 +76,7 @@ def segments() -> set[str]:
 
 def check_outputs(outs: list[Any], requests: list[dict[str, Any]]) -> None:
     """Codes in the talker's published payload; audio of one hop per code from code2wav."""
-    from omnigen.testing.tiny_omni import talker_to_code2wav
+    from omnigen_testing.tiny_omni import talker_to_code2wav
 
     for out, request in zip(outs, requests, strict=True):
         codes = out.payloads["talker"]["codes.audio"]
@@ -147,7 +147,7 @@ class TestInProcess:
         from vllm import SamplingParams
 
         from omnigen.serving.client import stage_payload
-        from omnigen.testing.tiny_omni import talker_to_code2wav
+        from omnigen_testing.tiny_omni import talker_to_code2wav
 
         requests = prompts(4)
         outs = inproc.generate(requests, sampling())

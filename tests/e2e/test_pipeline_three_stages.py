@@ -53,7 +53,7 @@ EXTRA_ENV = {"VLLM_ALLOW_INSECURE_SERIALIZATION": "1"}
 
 @pytest.fixture(scope="module")
 def stage_models(tmp_path_factory):
-    from omnigen.testing import tiny_omni
+    from omnigen_testing import tiny_omni
 
     root = tmp_path_factory.mktemp("tiny_omni")
     return {
@@ -105,7 +105,7 @@ def described(hidden: Any) -> tuple[list[int], float]:
 
 def check_outputs(outs: list[Any], requests: list[dict[str, str]], tokenizer: Any) -> None:
     """Thinker text, the thinker's hidden rows, the talker's codes, the audio: one request each."""
-    from omnigen.testing.tiny_omni import talker_to_code2wav, thinker_to_talker
+    from omnigen_testing.tiny_omni import talker_to_code2wav, thinker_to_talker
 
     for out, request in zip(outs, requests, strict=True):
         assert set(out.seconds) == set(STAGES)

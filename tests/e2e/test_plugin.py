@@ -41,7 +41,7 @@ def test_vllm_loads_the_plugin(monkeypatch):
     from vllm.plugins import load_plugins_by_group
 
     import omnigen.plugin
-    from omnigen.testing.tiny_omni import TINY_ARCHS
+    from omnigen_testing.tiny_omni import TINY_ARCHS
 
     monkeypatch.setenv("VLLM_PLUGINS", "omnigen")
     plugins = load_plugins_by_group(GROUP)
@@ -57,7 +57,7 @@ import json
 from vllm import ModelRegistry
 from vllm.plugins import load_general_plugins
 load_general_plugins()
-from omnigen.testing.tiny_omni import TINY_ARCHS
+from omnigen_testing.tiny_omni import TINY_ARCHS
 supported = set(ModelRegistry.get_supported_archs())
 print(json.dumps(sorted(set(TINY_ARCHS) & supported)))
 """
@@ -79,7 +79,7 @@ def _tiny_archs_registered(models: str | None) -> list[str]:
 def test_the_plugin_registers_only_the_models_named():
     """A user's vLLM process that names no omnigen model gets none of the tiny test classes; one
     that names omnigen_tiny gets exactly the classes its config declares."""
-    from omnigen.testing.tiny_omni import CODE2WAV_ARCH, TALKER_ARCH
+    from omnigen_testing.tiny_omni import CODE2WAV_ARCH, TALKER_ARCH
 
     assert _tiny_archs_registered(None) == []
     assert _tiny_archs_registered("omnigen_tiny") == sorted([TALKER_ARCH, CODE2WAV_ARCH])

@@ -15,7 +15,7 @@ import wave
 
 import pytest
 
-from tests.e2e.test_real_qwen3_tts import REPO_ROOT, omnigen_environment
+from omnigen_testing.qwen3_tts_chain import REPO_ROOT, omnigen_environment
 
 pytestmark = pytest.mark.e2e
 
@@ -38,7 +38,7 @@ ENGINE = [
 
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory):
-    from tests.checkpoints import write_qwen3_tts
+    from omnigen_testing.checkpoints import write_qwen3_tts
 
     return write_qwen3_tts(tmp_path_factory.mktemp("vd") / "checkpoint", "voice_design")
 

@@ -1,7 +1,7 @@
 """Differential pipeline test: Higgs Audio v3 through ``omnigen run``/``omnigen serve`` against
 vllm-omni's own pieces.
 
-One tiny real-shaped Higgs Audio v3 checkpoint (``tests/checkpoints``: one folder for both stages,
+One tiny real-shaped Higgs Audio v3 checkpoint (``testing/checkpoints``: one folder for both stages,
 safetensors weights with the codec bundled; its text embedding scaled so that the text reaches the
 codes, ``SHARPENED``) serves a handful of speech requests (several texts, seeds and budgets, one
 text longer than a KV block) two ways, and the audio must be equal sample for sample:
@@ -23,7 +23,7 @@ text longer than a KV block) two ways, and the audio must be equal sample for sa
      stop ids are this checkpoint's eos and ``<|audio_end|>`` where vllm-omni hard-codes the
      released 151643 and 151671);
   2. the talker: ``vllm.LLM`` (engine core in process) whose worker builds vllm-omni's
-     ``GPUARModelRunner`` composed onto vLLM's ``CPUModelRunner`` (as ``tests/e2e/real/harness.py``
+     ``GPUARModelRunner`` composed onto vLLM's ``CPUModelRunner`` (as ``testing/real/harness.py``
      composes it), with vllm-omni's model_config fields for the stage (model_stage
      ``higgs_audio_v3``, async_chunk false). Each step's multimodal output per request (what the
      runner puts on the wire for the engine core) is accumulated the way vllm-omni's output
@@ -80,7 +80,7 @@ if importlib.util.find_spec("vllm_omni") is None:
     )
 
 # The audio and process helpers of the Qwen3-TTS pipeline test (no test of its is collected here).
-from tests.e2e.test_real_qwen3_tts import (  # noqa: E402
+from omnigen_testing.qwen3_tts_chain import (  # noqa: E402
     ORACLE_ENV,
     _b64,
     _unb64,
@@ -218,10 +218,10 @@ SHARPEN = 20.0
 
 
 def write_checkpoint(folder: Path) -> Path:
-    """The tiny checkpoint (tests/checkpoints), its SHARPENED tensors scaled."""
+    """The tiny checkpoint (testing/checkpoints), its SHARPENED tensors scaled."""
     from safetensors.torch import load_file, save_file
 
-    from tests.checkpoints import write_higgs_audio_v3
+    from omnigen_testing.checkpoints import write_higgs_audio_v3
 
     folder = write_higgs_audio_v3(folder, seed=0)
     path = folder / "model.safetensors"
@@ -267,7 +267,7 @@ def _no_stream_capture() -> None:
 
 def _omni_fields(stage: str) -> dict[str, Any]:
     """vllm-omni's OmniModelConfig fields of the stage (its higgs_audio_v3/pipeline.py, sync)."""
-    from tests.e2e.real.harness import OMNI_MODEL_CONFIG_DEFAULTS
+    from omnigen_testing.real.harness import OMNI_MODEL_CONFIG_DEFAULTS
 
     if stage == "talker":
         own = {
@@ -308,7 +308,7 @@ def _oracle_classes() -> dict[str, dict[str, Any]]:
     from vllm_omni.worker.gpu_ar_model_runner import GPUARModelRunner
     from vllm_omni.worker.gpu_generation_model_runner import GPUGenerationModelRunner
 
-    from tests.e2e.real import harness
+    from omnigen_testing.real import harness
 
     class OracleHiggsTalkerRunner(GPUARModelRunner, CPUModelRunner):
         """vllm-omni's AR runner on vLLM's CPU runner; keeps each step's multimodal output."""
@@ -395,7 +395,7 @@ class OracleChain:
     """vllm-omni's serving layer, talker runner, glue and code2wav runner, chained by hand."""
 
     def __init__(self, checkpoint: Path, settings: ChainSettings, scratch: Path) -> None:
-        from tests.e2e.real import harness
+        from omnigen_testing.real import harness
 
         harness.install_standins()  # vllm-omni imports torchaudio at module level
         import vllm_omni  # noqa: F401  (its patch.py: vllm-omni's runners need the patched classes)
@@ -446,7 +446,7 @@ class OracleChain:
         from vllm_omni.model_executor.stage_input_processors.higgs_audio_v3 import talker2code2wav
 
         from omnigen.requests.base import SpeechInput
-        from tests.oracle.test_request_builders import oracle_build
+        from omnigen_testing.oracle.speech_server import oracle_build
 
         # 1. vllm-omni's serving layer.
         speech = SpeechInput(
@@ -743,7 +743,7 @@ def test_streamed_audio_equals_the_whole_answer_but_its_first_frame(runs: Runs):
     spec = REQUESTS[1]
     whole = np.asarray(wav_samples(runs.served[spec["id"]])[0]).astype(np.int32)
     streamed = np.frombuffer(runs.served["stream:" + spec["id"]], dtype="<i2").astype(np.int32)
-    frame = 960  # the tiny checkpoint's samples a frame (tests/checkpoints/higgs_audio_v3.py)
+    frame = 960  # the tiny checkpoint's samples a frame (testing/checkpoints/higgs_audio_v3.py)
     assert streamed.shape == whole.shape and whole.size > 2 * frame  # nothing dropped or doubled
     assert first_difference(streamed[frame:], whole[frame:]) is None
     assert int(np.abs(streamed[:frame] - whole[:frame]).max()) <= 256  # 7.8e-3 of full scale

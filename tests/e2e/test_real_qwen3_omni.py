@@ -1,7 +1,7 @@
 """Differential pipeline test: Qwen3-Omni chat completions through ``omnigen run``/``omnigen serve``
 against vllm-omni's own pieces chained by hand.
 
-One tiny real-shaped Qwen3-Omni checkpoint (``tests/checkpoints/qwen3_omni.py``: one folder for
+One tiny real-shaped Qwen3-Omni checkpoint (``testing/checkpoints/qwen3_omni.py``: one folder for
 the thinker, talker and code2wav, safetensors weights, a tokenizer with a chat template, voices
 chelsie, ethan and aiden; three of its tensors scaled, ``SHARPENED``) serves a handful of chat
 requests (one or several turns, string or list content, a system message, three voices or none)
@@ -24,7 +24,7 @@ two ways, and the text and the audio must be equal, sample for sample:
      greedy, the talker at temperature 0.9, top_k 50, repetition_penalty 1.05, seed 42; the stop
      id is this checkpoint's codec EOS, which is the released 2150 that pipeline.py hard-codes);
   2. the thinker: ``vllm.LLM`` whose worker builds vllm-omni's ``GPUARModelRunner`` composed onto
-     vLLM's ``CPUModelRunner`` (as ``tests/e2e/real/harness.py`` composes it), with vllm-omni's
+     vLLM's ``CPUModelRunner`` (as ``testing/real/harness.py`` composes it), with vllm-omni's
      model_config fields of the stage (pipeline.py stage 0, ``custom_process_next_stage_input_func``
      = ``thinker2talker_full_payload``). The runner's own full-payload producer path runs and, once
      the request finished, builds the payload with vllm-omni's function; only the connector's
@@ -80,7 +80,7 @@ if importlib.util.find_spec("vllm_omni") is None:
         allow_module_level=True,
     )
 
-from tests.e2e.test_real_qwen3_tts import (  # noqa: E402  (after the skip: same oracle, same helpers)
+from omnigen_testing.qwen3_tts_chain import (  # noqa: E402  (after the skip: same oracle, same helpers)
     ORACLE_ENV,
     REPO_ROOT,
     _b64,
@@ -223,10 +223,10 @@ SHARPEN = 40.0
 
 
 def write_checkpoint(folder: Path) -> Path:
-    """The tiny checkpoint (tests/checkpoints), its SHARPENED tensors scaled."""
+    """The tiny checkpoint (testing/checkpoints), its SHARPENED tensors scaled."""
     from safetensors.torch import load_file, save_file
 
-    from tests.checkpoints import write_qwen3_omni
+    from omnigen_testing.checkpoints import write_qwen3_omni
 
     folder = write_qwen3_omni(folder, seed=0)
     path = folder / "model.safetensors"
@@ -266,7 +266,7 @@ def _publish(cls: type) -> str:
 
 def _omni_fields(stage: str) -> dict[str, Any]:
     """vllm-omni's OmniModelConfig fields of each stage (qwen3_omni/pipeline.py, full payload)."""
-    from tests.e2e.real.harness import OMNI_MODEL_CONFIG_DEFAULTS
+    from omnigen_testing.real.harness import OMNI_MODEL_CONFIG_DEFAULTS
 
     common = {"model_arch": ARCH, "async_chunk": False}
     own = {
@@ -309,7 +309,7 @@ def _oracle_classes() -> dict[str, dict[str, Any]]:
     from vllm_omni.worker.gpu_ar_model_runner import GPUARModelRunner
     from vllm_omni.worker.gpu_generation_model_runner import GPUGenerationModelRunner
 
-    from tests.e2e.real import harness
+    from omnigen_testing.real import harness
 
     class OmniOracleARRunner(GPUARModelRunner, CPUModelRunner):
         """vllm-omni's AR runner on vLLM's CPU runner; its full-payload producer runs as in a
@@ -410,7 +410,7 @@ class OmniOracleChain:
     """vllm-omni's chat serving layer, its three stage runners and its glue, chained by hand."""
 
     def __init__(self, checkpoint: Path, settings: ChainSettings) -> None:
-        from tests.e2e.real import harness
+        from omnigen_testing.real import harness
 
         harness.install_standins()  # torchvision/torchaudio stand-ins (imported, never used)
         import vllm_omni  # noqa: F401  (its patch.py: vllm-omni's runners need the patched classes)
@@ -510,7 +510,7 @@ class OmniOracleChain:
         )
         from vllm_omni.model_executor.stage_input_processors.qwen3_omni import thinker2talker_token_only
 
-        from tests.e2e.real.harness import ORACLE_PAYLOAD_KEY
+        from omnigen_testing.real.harness import ORACLE_PAYLOAD_KEY
 
         rid = f"oracle-{next(_NUMBERS)}"
         # 1. the thinker: the rendered ids; the request's additional_information (the speaker).

@@ -26,7 +26,7 @@ def test_one_stage_behind_vllms_own_server(tmp_path):
     import httpx
 
     from omnigen.serving.client import stage_payload
-    from omnigen.testing import tiny_omni
+    from omnigen_testing import tiny_omni
 
     model = tiny_omni.write_tiny_config(tmp_path / "code2wav", arch=tiny_omni.CODE2WAV_ARCH)
     with socket.socket() as sock:

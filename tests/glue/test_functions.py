@@ -19,11 +19,11 @@ from omnigen.glue import (
     mimo_audio,
     minicpmo_4_5,
     moss_tts,
-    omnigen_tiny,
     qwen2_5_omni,
     qwen3_omni,
     qwen3_tts,
 )
+from omnigen_testing import tiny_glue
 
 
 def result(**fields) -> StageResult:
@@ -436,20 +436,20 @@ def test_moss_codes_become_the_codebook_major_prompt():
 
 
 def test_omnigen_tiny_uses_the_tiny_models_prompt_function():
-    from omnigen.testing.tiny_omni import talker_to_code2wav
+    from omnigen_testing.tiny_omni import talker_to_code2wav
 
     codes = torch.tensor([[-1, -1], [1, 2], [3, 0]])
-    out = omnigen_tiny.talker2code2wav(result(payload={"codes": {"audio": codes}}))
+    out = tiny_glue.talker2code2wav(result(payload={"codes": {"audio": codes}}))
     assert out.prompt_token_ids == talker_to_code2wav({"codes.audio": codes})
     # The frames (no placeholder rows) travel as the payload too: the tiny code2wav checks them.
     assert out.payload.keys() == {"codes"} and torch.equal(out.payload["codes"]["audio"], codes[1:])
 
 
 def test_omnigen_tiny_thinker_ids_become_the_talker_prompt_and_its_hidden_rows_the_payload():
-    from omnigen.testing.tiny_omni import TALKER_TEXT_BASE, TALKER_TEXT_IDS, thinker_to_talker
+    from omnigen_testing.tiny_omni import TALKER_TEXT_BASE, TALKER_TEXT_IDS, thinker_to_talker
 
     hidden = torch.arange(12, dtype=torch.float32).reshape(6, 2)  # 3 prompt + 4 output - 1 rows
-    out = omnigen_tiny.thinker2talker(result(payload={"hidden": hidden}, output_token_ids=[0, 7, 399, 511]))
+    out = tiny_glue.thinker2talker(result(payload={"hidden": hidden}, output_token_ids=[0, 7, 399, 511]))
     assert out.prompt_token_ids == thinker_to_talker([0, 7, 399, 511]) == [10, 17, 409, 121]
     assert all(TALKER_TEXT_BASE <= t < TALKER_TEXT_BASE + TALKER_TEXT_IDS for t in out.prompt_token_ids)
     # Nested, as the talker's runner merges it into the request's buffer (CONTRACT 4.2).
@@ -468,9 +468,9 @@ def test_omnigen_tiny_thinker_ids_become_the_talker_prompt_and_its_hidden_rows_t
 )
 def test_omnigen_tiny_thinker_without_tokens_or_hidden_rows_fails_the_request(fields, reason):
     with pytest.raises(
-        GlueError, match=rf"omnigen\.glue\.omnigen_tiny\.thinker2talker: request 'req-0': .*{reason}"
+        GlueError, match=rf"omnigen_testing\.tiny_glue\.thinker2talker: request 'req-0': .*{reason}"
     ):
-        omnigen_tiny.thinker2talker(result(**fields))
+        tiny_glue.thinker2talker(result(**fields))
 
 
 # -- every function -----------------------------------------------------------------------------
@@ -500,17 +500,25 @@ SOURCES = {
     ),
     "omnigen.glue.higgs_audio_v3.talker2code2wav": lambda: result(payload={"codes.audio": torch.zeros(9, 8)}),
     "omnigen.glue.moss_tts.talker2codec": lambda: result(payload={"codes.audio": torch.tensor([[1, 2]])}),
-    "omnigen.glue.omnigen_tiny.talker2code2wav": lambda: result(
+    "omnigen_testing.tiny_glue.talker2code2wav": lambda: result(
         payload={"codes.audio": torch.tensor([[1, 2]])}
     ),
-    "omnigen.glue.omnigen_tiny.thinker2talker": lambda: result(
+    "omnigen_testing.tiny_glue.thinker2talker": lambda: result(
         payload={"hidden": torch.ones(4, 2)}, output_token_ids=[3, 4]
     ),
 }
 
 
+# omnigen's ports, and the tiny test models' glue (a config's own functions, by dotted path).
+FUNCTIONS = {
+    **GLUE,
+    "omnigen_testing.tiny_glue.talker2code2wav": tiny_glue.talker2code2wav,
+    "omnigen_testing.tiny_glue.thinker2talker": tiny_glue.thinker2talker,
+}
+
+
 def test_every_function_has_a_case_here():
-    assert set(SOURCES) == set(GLUE)
+    assert set(SOURCES) == set(FUNCTIONS)
 
 
 def _tensors(value):
@@ -528,7 +536,7 @@ def _tensors(value):
 def test_inputs_are_left_alone_and_outputs_are_plain_cpu_values(name):
     source = SOURCES[name]()
     before = copy.deepcopy(source.payload)
-    out = GLUE[name](source)
+    out = FUNCTIONS[name](source)
     assert all(isinstance(token, int) for token in out.prompt_token_ids) and out.prompt_token_ids
     for key, value in before.items():
         held = source.payload[key]
@@ -546,7 +554,7 @@ def test_inputs_are_left_alone_and_outputs_are_plain_cpu_values(name):
 @pytest.mark.parametrize("name", sorted(SOURCES))
 def test_requests_are_independent(name):
     # The driver calls a function once per finished request; two calls never share results.
-    first, second = GLUE[name](SOURCES[name]()), GLUE[name](SOURCES[name]())
+    first, second = FUNCTIONS[name](SOURCES[name]()), FUNCTIONS[name](SOURCES[name]())
     assert (
         first.prompt_token_ids == second.prompt_token_ids
         and first.prompt_token_ids is not second.prompt_token_ids

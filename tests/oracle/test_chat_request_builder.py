@@ -1,7 +1,7 @@
 """Differential test: omnigen's chat request builder (Qwen3-Omni) against vllm-omni 0.30's chat
 serving layer on vLLM's renderer.
 
-The tiny Qwen3-Omni checkpoint's config and tokenizer (``tests/checkpoints/qwen3_omni.py``) are
+The tiny Qwen3-Omni checkpoint's config and tokenizer (``testing/checkpoints/qwen3_omni.py``) are
 written twice: as written (a chat template that loops over content parts: vLLM's ``openai``
 content format) and with a template that prints ``message['content']`` whole (vLLM's ``string``
 format, where a message's text parts are joined with newlines). For each, the same chat requests go
@@ -32,8 +32,8 @@ from hypothesis import strategies as st
 
 from omnigen.requests.base import ChatInput, RequestError
 from omnigen.requests.qwen3_omni import Qwen3OmniRequestBuilder
-from tests.checkpoints import qwen3_omni as checkpoint
-from tests.checkpoints.qwen3_tts import CHAT_TEMPLATE as STRING_TEMPLATE
+from omnigen_testing.checkpoints import qwen3_omni as checkpoint
+from omnigen_testing.checkpoints.qwen3_tts import CHAT_TEMPLATE as STRING_TEMPLATE
 
 if importlib.util.find_spec("vllm_omni") is None:
     pytest.skip(
@@ -75,7 +75,7 @@ class Side:
     """One checkpoint, both builders: omnigen's and vllm-omni's serving layer on vLLM's renderer."""
 
     def __init__(self, folder: Path) -> None:
-        from tests.e2e.real import harness
+        from omnigen_testing.real import harness
 
         harness.install_standins()
         import vllm_omni  # noqa: F401  (the oracle's own process: its patch is expected)

@@ -39,7 +39,7 @@ from typing import Any
 import pytest
 import torch
 
-from .harness import (
+from omnigen_testing.oracle.harness import (
     KeyMapping,
     Observation,
     ObservationMismatch,
@@ -53,7 +53,7 @@ from .harness import (
     oracle_runner_class,
     run_scenario,
 )
-from .policy_map import policy_from_plan
+from omnigen_testing.oracle.policy_map import policy_from_plan
 
 # Found, not imported: importing vllm_omni patches vLLM process-wide, so it happens only when an
 # oracle test runs, and those run in a pytest process of their own (``-m oracle``, scripts/test).

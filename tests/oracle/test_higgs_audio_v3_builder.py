@@ -1,7 +1,7 @@
 """Differential test: omnigen's Higgs Audio v3 request builder against vllm-omni 0.30's speech
 serving layer.
 
-The tiny Higgs checkpoint's config and tokenizer (``tests/e2e/real/cases/higgs_audio_v3.py``)
+The tiny Higgs checkpoint's config and tokenizer (``testing/real/cases/higgs_audio_v3.py``)
 serve the same requests to omnigen's ``HiggsAudioV3RequestBuilder`` and to vllm-omni's own path:
 ``OmniOpenAIServingSpeech`` with its ``HiggsAudioV3Adapter``, driven through
 ``_prepare_speech_generation`` (validate, build, the sampling overrides) after ``create_speech``'s
@@ -33,7 +33,7 @@ from hypothesis import strategies as st
 
 from omnigen.requests.base import BuiltRequest, RequestError, SpeechInput
 from omnigen.requests.higgs_audio_v3 import UNUSED_OPTIONS, HiggsAudioV3RequestBuilder
-from tests.e2e.real.cases import higgs_audio_v3 as tiny
+from omnigen_testing.real.cases import higgs_audio_v3 as tiny
 from tests.request_builders import data_uri, wav_bytes
 
 if importlib.util.find_spec("vllm_omni") is None:
@@ -76,7 +76,7 @@ def higgs_oracle_server(
     from vllm_omni.entrypoints.openai.serving_speech import OmniOpenAIServingSpeech
     from vllm_omni.transformers_utils.configs.higgs_audio_v3 import HiggsAudioV3Config
 
-    from tests.oracle.test_request_builders import EngineStandIn
+    from omnigen_testing.oracle.speech_server import EngineStandIn
 
     model_config = SimpleNamespace(
         model=str(folder),
@@ -142,7 +142,7 @@ def higgs_oracle_server(
 def oracle_build(server: Any, request: SpeechInput) -> tuple[dict[str, Any], Any] | str:
     """vllm-omni's engine prompt and talker sampling, or its refusal's text (for a reference clip
     here: its failure, torchaudio being absent)."""
-    from tests.oracle.test_request_builders import oracle_build as build
+    from omnigen_testing.oracle.speech_server import oracle_build as build
 
     try:
         return build(server, request)
@@ -201,7 +201,7 @@ def check(builder: HiggsAudioV3RequestBuilder, server: Any, request: SpeechInput
 
 @pytest.fixture(scope="module", autouse=True)
 def _oracle_environment(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
-    from tests.e2e.real.harness import install_standins
+    from omnigen_testing.real.harness import install_standins
 
     saved = {key: os.environ.get(key) for key in ("HF_HUB_OFFLINE", "SPEAKER_SAMPLES_DIR", "VLLM_PLUGINS")}
     os.environ["HF_HUB_OFFLINE"] = "1"

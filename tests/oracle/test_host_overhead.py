@@ -15,7 +15,7 @@ import torch
 
 from benchmarks import host_overhead
 from omnigen.runtime import buffers
-from tests.oracle import harness
+from omnigen_testing.oracle import harness
 
 pytestmark = pytest.mark.oracle
 

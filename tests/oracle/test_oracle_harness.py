@@ -18,8 +18,8 @@ import importlib.util
 import pytest
 import torch
 
-from .dummy_model import ModelFlags, make_model
-from .harness import (
+from omnigen_testing.oracle.dummy_model import ModelFlags, make_model
+from omnigen_testing.oracle.harness import (
     IDENTITY,
     MTP_ATTRIBUTES,
     ORACLE_EXTRA_KEYS,
@@ -368,7 +368,7 @@ def test_patches_are_restored() -> None:
 def test_policy_from_plan_maps_plan_fields_to_flags() -> None:
     from types import SimpleNamespace
 
-    from .policy_map import Unexpressible, policy_from_plan
+    from omnigen_testing.oracle.policy_map import Unexpressible, policy_from_plan
 
     mtp = SimpleNamespace(
         graph="safe",

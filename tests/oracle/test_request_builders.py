@@ -24,13 +24,10 @@ runs in a pytest process of its own (``-m oracle``).
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import importlib.util
 import os
 from collections.abc import Iterator, Mapping
-from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -40,7 +37,8 @@ from hypothesis import strategies as st
 
 from omnigen.requests.base import BuiltRequest, RequestError, SpeechInput
 from omnigen.requests.qwen3_tts import PromptLengthError, Qwen3TTSRequestBuilder, prompt_length
-from tests.e2e.real.cases.qwen3_tts_talker import ARCH, CODE2WAV_ARCH, WORDS
+from omnigen_testing.oracle.speech_server import CONFIGURED_MAX_TOKENS, oracle_build, oracle_server
+from omnigen_testing.real.cases.qwen3_tts_talker import WORDS
 from tests.request_builders import data_uri, qwen3_tts_checkpoint, wav_bytes
 
 if importlib.util.find_spec("vllm_omni") is None:
@@ -50,7 +48,6 @@ if importlib.util.find_spec("vllm_omni") is None:
     )
 pytestmark = pytest.mark.oracle
 
-CONFIGURED_MAX_TOKENS = 4096  # the talker's default sampling in vllm-omni's deploy/qwen3_tts.yaml
 VARIANTS = {"custom_voice": "CustomVoice", "voice_design": "VoiceDesign", "base": "Base"}
 EMBEDDING = tuple(float(i % 7) / 7 for i in range(128))  # the tiny talker's hidden size
 
@@ -93,99 +90,6 @@ DIFFERENCES: dict[str, tuple[str, str | None, str]] = {
         "omnigen takes data:, file:// and bare local paths, and fetches nothing over the network",
     ),
 }
-
-
-# -- vllm-omni's serving layer around a stand-in engine -----------------------------------------
-
-
-class EngineStandIn:
-    """What ``OmniOpenAIServingSpeech`` reads of its engine client; ``generate`` records its call."""
-
-    def __init__(self, model_config: Any, stage_configs: list[Any], sampling: list[Any]) -> None:
-        self.model_config = model_config
-        self.stage_configs = stage_configs
-        self.default_sampling_params_list = sampling
-        self.errored = False
-        self.calls: list[dict[str, Any]] = []
-
-    def generate(self, **kwargs: Any) -> object:
-        self.calls.append(kwargs)
-        return object()
-
-
-def oracle_server(folder: Path, media_root: Path) -> Any:
-    from vllm.sampling_params import SamplingParams
-    from vllm_omni.entrypoints.openai.serving_speech import OmniOpenAIServingSpeech
-    from vllm_omni.model_executor.models.qwen3_tts.configuration_qwen3_tts import Qwen3TTSConfig
-
-    model_config = SimpleNamespace(
-        model=str(folder),
-        hf_config=Qwen3TTSConfig.from_pretrained(str(folder)),
-        allowed_local_media_path=str(media_root),
-        allowed_media_domains=None,
-        async_chunk=False,  # omnigen's conf/model/qwen3_tts.yaml
-    )
-    stages = [
-        SimpleNamespace(
-            engine_args=SimpleNamespace(model_stage="qwen3_tts", model_arch=ARCH, worker_type="ar")
-        ),
-        SimpleNamespace(
-            engine_args=SimpleNamespace(
-                model_stage="code2wav", model_arch=CODE2WAV_ARCH, worker_type="generation"
-            )
-        ),
-    ]
-    sampling = [
-        SamplingParams(temperature=0.9, top_k=50, max_tokens=CONFIGURED_MAX_TOKENS, min_tokens=2),
-        SamplingParams(temperature=0.0, max_tokens=65536),
-    ]
-    engine = EngineStandIn(model_config, stages, sampling)
-    # OmniOpenAIServingSpeech.__init__ (serving_speech.py:382-431) less the OpenAIServing base,
-    # which wants a live engine: the same attributes in the same order.
-    server = OmniOpenAIServingSpeech.__new__(OmniOpenAIServingSpeech)
-    server.engine_client = engine
-    server.model_config = model_config
-    server._media_connector = None
-    server._allowed_local_media_path = ""
-    server.model_name = None
-    server.forced_aligner_enabled = False
-    server._init_speaker_storage()
-    server._tts_stage = server._find_tts_stage()
-    server._is_tts = server._tts_stage is not None
-    server._tts_model_type = server._detect_tts_model_type()
-    server._tts_executor = None
-    server._adapter = None
-    assert server._get_tts_adapter() is not None and server._tts_model_type == "qwen3_tts"
-    server._max_instructions_length = server._compute_max_instructions_length()
-    server._tts_tokenizer = None
-    server._speech_output_policies = {}
-    server._batch_max_items = 32
-    return server
-
-
-def oracle_build(server: Any, request: SpeechInput) -> tuple[dict[str, Any], Any] | str:
-    """vllm-omni's engine prompt and talker sampling for ``request``, or its refusal's text."""
-    from vllm_omni.entrypoints.openai.protocol.audio import OpenAICreateSpeechRequest
-    from vllm_omni.entrypoints.openai.serving_speech import _is_default_voice
-
-    fields = {k: v for k, v in dataclasses.asdict(request).items() if v is not None}
-    if "speaker_embedding" in fields:
-        fields["speaker_embedding"] = list(fields["speaker_embedding"])
-    try:
-        speech = OpenAICreateSpeechRequest(**fields)
-    except ValueError as exc:  # pydantic's ValidationError: the HTTP layer's 422
-        return str(exc)
-    # create_speech (serving_speech.py:2526), before _prepare_speech_generation.
-    if speech.voice is not None and _is_default_voice(speech.voice.lower(), server._get_available_speakers()):
-        speech.voice = None
-    calls = server.engine_client.calls
-    calls.clear()
-    try:
-        asyncio.run(server._prepare_speech_generation(speech, request_id="speech-oracle"))
-    except ValueError as exc:
-        return str(exc)
-    [call] = calls
-    return call["prompt"], call["sampling_params_list"][0]
 
 
 # -- comparison ---------------------------------------------------------------------------------
@@ -271,7 +175,7 @@ def check(builder: Qwen3TTSRequestBuilder, server: Any, request: SpeechInput) ->
 
 @pytest.fixture(scope="module", autouse=True)
 def _oracle_environment(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
-    from tests.e2e.real.harness import install_standins
+    from omnigen_testing.real.harness import install_standins
 
     saved = {key: os.environ.get(key) for key in ("HF_HUB_OFFLINE", "SPEAKER_SAMPLES_DIR", "VLLM_PLUGINS")}
     os.environ["HF_HUB_OFFLINE"] = "1"
@@ -612,7 +516,7 @@ def payloads() -> st.SearchStrategy[tuple[str, dict[str, Any]]]:
 def test_prompt_length_port(case: tuple[str, dict[str, Any]]) -> None:
     from vllm_omni.model_executor.models.qwen3_tts.prompt_embeds_builder import Qwen3TTSPromptEmbedsBuilder
 
-    from tests.e2e.real.cases.qwen3_tts_talker import tokenize
+    from omnigen_testing.real.cases.qwen3_tts_talker import tokenize
     from tests.request_builders import QWEN3_TTS_TALKER
 
     task, payload = case

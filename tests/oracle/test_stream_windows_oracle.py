@@ -149,7 +149,7 @@ def test_qwen3_omni_stream_config_is_vllm_omnis_deployment():
 def qwen3_omni_hf_config(**code2wav: Any) -> Any:
     """The tiny real-shaped checkpoint's config (code2wav: 8 samples a frame), with the released
     codebook and code groups, which code2wav's forward reads; ``code2wav`` overrides its fields."""
-    from tests.e2e.real.cases import qwen3_omni_talker as tiny
+    from omnigen_testing.real.cases import qwen3_omni_talker as tiny
 
     config = tiny.hf_config(code_vocab=2048, code_groups=16)
     for key, value in code2wav.items():
@@ -480,8 +480,8 @@ def test_higgs_windows_are_vllm_omnis_chunks(steps: int):
 
 @pytest.fixture
 def higgs_code2wav(monkeypatch: pytest.MonkeyPatch, one_thread) -> Any:
-    """vllm-omni's Higgs code2wav with the tiny checkpoint's codec (tests/checkpoints), float32."""
-    from tests.checkpoints import higgs_audio_v3 as checkpoint
+    """vllm-omni's Higgs code2wav with the tiny checkpoint's codec (testing/checkpoints), float32."""
+    from omnigen_testing.checkpoints import higgs_audio_v3 as checkpoint
 
     # What omnigen's provider does when it serves vllm-omni's classes on a torch without CUDA
     # (omnigen/providers/vllm_omni.py): the decoder asks it before every decode.

@@ -9,7 +9,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from tests.e2e.real.cases.qwen3_tts_talker import ARCH, write_speech_checkpoint
+from omnigen_testing.real.cases.qwen3_tts_talker import ARCH, write_speech_checkpoint
 
 # talker_config per variant. The CustomVoice speakers are written mixed-case (the builder
 # lowercases them), one of them a dialect speaker whose dialect has its own language id.

@@ -1,7 +1,7 @@
 """Higgs Audio v3's request builder on the tiny checkpoint's config and tokenizer (no vllm-omni:
 the differential test against its serving layer is tests/oracle/test_higgs_audio_v3_builder.py).
 
-Expected prompts are spelled from the case's vocabulary (``tests/e2e/real/cases/higgs_audio_v3.py``:
+Expected prompts are spelled from the case's vocabulary (``testing/real/cases/higgs_audio_v3.py``:
 ``<unk>`` 0, the words from 1, the specials after them), not by the tokenizer the builder uses.
 """
 
@@ -20,7 +20,7 @@ from omnigen.requests.higgs_audio_v3 import (
     UNUSED_OPTIONS,
     HiggsAudioV3RequestBuilder,
 )
-from tests.e2e.real.cases import higgs_audio_v3 as tiny
+from omnigen_testing.real.cases import higgs_audio_v3 as tiny
 
 
 @pytest.fixture(autouse=True)

@@ -11,8 +11,8 @@ import pytest
 from omnigen.requests.base import ChatInput, RequestError
 from omnigen.requests.chat import content_format
 from omnigen.requests.qwen3_omni import Qwen3OmniRequestBuilder
-from tests.checkpoints import qwen3_omni as checkpoint
-from tests.checkpoints.qwen3_tts import CHAT_TEMPLATE as STRING_TEMPLATE
+from omnigen_testing.checkpoints import qwen3_omni as checkpoint
+from omnigen_testing.checkpoints.qwen3_tts import CHAT_TEMPLATE as STRING_TEMPLATE
 
 IM_START, IM_END = checkpoint.SPECIAL_TOKENS["<|im_start|>"], checkpoint.SPECIAL_TOKENS["<|im_end|>"]
 NL, USER, SYSTEM, ASSISTANT = checkpoint.NEWLINE, checkpoint.USER, checkpoint.SYSTEM, checkpoint.ASSISTANT

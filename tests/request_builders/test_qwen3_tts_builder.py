@@ -209,7 +209,7 @@ def test_cache_salt_follows_the_conditioning(custom: Qwen3TTSRequestBuilder) -> 
 
 
 def test_voice_design_known_lengths(design: Qwen3TTSRequestBuilder) -> None:
-    # tests/e2e/real/cases/qwen3_tts_talker.py's requests: 23 and 8.
+    # testing/real/cases/qwen3_tts_talker.py's requests: 23 and 8.
     built = design.build(
         SpeechInput(input="the quick brown fox jumps", language="English", instructions="a calm voice")
     )
@@ -492,7 +492,7 @@ def test_ref_audio_duration_bounds_are_inclusive(base) -> None:
 
 
 def count(text: str) -> int:
-    from tests.e2e.real.cases.qwen3_tts_talker import tokenize
+    from omnigen_testing.real.cases.qwen3_tts_talker import tokenize
 
     return len(tokenize(text))
 

@@ -81,7 +81,7 @@ def _app(model: str, overrides: list[str]):
 
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory):
-    from tests.checkpoints import write_qwen3_omni
+    from omnigen_testing.checkpoints import write_qwen3_omni
 
     return write_qwen3_omni(tmp_path_factory.mktemp("q3omni"), weights=False)
 
@@ -232,7 +232,7 @@ def test_the_speech_routes_point_a_chat_model_to_chat_completions(omni):
 
 
 def test_a_speech_model_answers_chat_completions_404(tmp_path):
-    from tests.checkpoints import write_qwen3_tts
+    from omnigen_testing.checkpoints import write_qwen3_tts
 
     folder = write_qwen3_tts(tmp_path / "tts", "custom_voice")
     app, fake = _app("qwen3_tts", [f"serve.checkpoint={folder}"])

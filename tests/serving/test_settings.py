@@ -18,7 +18,7 @@ def _settings(model: str, overrides: list[str]):
 
 @pytest.fixture()
 def checkpoint(tmp_path):
-    from tests.checkpoints import write_qwen3_tts
+    from omnigen_testing.checkpoints import write_qwen3_tts
 
     return write_qwen3_tts(tmp_path / "ckpt", "custom_voice")
 
@@ -121,7 +121,7 @@ def test_requests_the_engines_cannot_run_here_or_files_outside_the_allowed_folde
     from omnigen.serving.settings import build_request
 
     base = tmp_path / "base"
-    from tests.checkpoints import write_qwen3_tts
+    from omnigen_testing.checkpoints import write_qwen3_tts
 
     write_qwen3_tts(base, "base")
     clip = tmp_path / "clips" / "me.wav"

@@ -10,13 +10,13 @@ import pytest
 import torch
 
 from omnigen.glue import higgs_audio_v3, qwen3_omni
-from omnigen.glue.omnigen_tiny import talker2code2wav_window
 from omnigen.glue.qwen3_tts import talker2code2wav
 from omnigen.glue.qwen3_tts import talker2code2wav_window as qwen3_window
 from omnigen.glue.types import StageResult, Window, frames_counter
 from omnigen.runtime.scheduler import STREAM_KEY, next_point, stream_points
 from omnigen.serving.streaming import WindowCutter, publish_points
 from omnigen.spec import StreamSpec
+from omnigen_testing.tiny_glue import talker2code2wav_window
 
 POLICY = StreamSpec(window="w", chunk_frames=8, left_context_frames=3, initial_chunk_frames=2, ramp=(4,))
 
@@ -246,7 +246,7 @@ def test_higgs_windows_of_a_whole_take_hold_its_full_payload_codes(steps):
         ("model.stages.talker.next_stage_input=null", "the edge has no glue function"),
         (
             "model.stages.code2wav.stream.enabled=true "
-            "model.stages.code2wav.stream.window=omnigen.glue.omnigen_tiny.talker2code2wav_window",
+            "model.stages.code2wav.stream.window=omnigen_testing.tiny_glue.talker2code2wav_window",
             "stages.code2wav.stream.enabled: streams to the next stage, but the last stage feeds none",
         ),
     ],

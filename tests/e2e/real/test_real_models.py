@@ -1,6 +1,6 @@
 """Differential e2e test on vllm-omni 0.30's real model classes (issue 7, item 2).
 
-Each case (``tests/e2e/real/cases/<name>.py``) is one real vllm-omni stage class on a tiny
+Each case (``testing/real/cases/<name>.py``) is one real vllm-omni stage class on a tiny
 checkpoint written at test time, weights re-drawn from N(0, std) with a fixed generator. vLLM's
 ``LLM`` on CPU runs it twice, in two processes started once per session and run in parallel
 (``run_side.py``; all cases of a side in one process):
@@ -35,7 +35,7 @@ from typing import Any
 
 import pytest
 
-from tests.e2e.real import harness
+from omnigen_testing.real import harness
 
 pytestmark = pytest.mark.e2e
 
@@ -63,7 +63,7 @@ def _run_sides(out: Path) -> dict[str, Any]:
         args = [
             sys.executable,
             "-m",
-            "tests.e2e.real.run_side",
+            "omnigen_testing.real.run_side",
             "--side",
             side,
             "--out",

@@ -22,7 +22,7 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-from tests.e2e.real.case import RealRequest, RealStageCase
+from omnigen_testing.real.case import RealRequest, RealStageCase
 
 ARCH = "Qwen3TTSTalkerForConditionalGeneration"
 CODE2WAV_ARCH = "Qwen3TTSCode2Wav"

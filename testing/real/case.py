@@ -1,6 +1,6 @@
 """What one real-model stage case states, for both runners of the differential test.
 
-A case module (``tests/e2e/real/cases/<name>.py``) defines ``CASE = RealStageCase(...)``.
+A case module (``testing/real/cases/<name>.py``) defines ``CASE = RealStageCase(...)``.
 The harness (``harness.py``) runs the case twice through vLLM's ``LLM`` on CPU: once with
 omnigen's generated worker for ``(omnigen_model, omnigen_stage)``, once with vllm-omni's
 runner composed onto vLLM's CPU runner, and compares the two traces step by step.

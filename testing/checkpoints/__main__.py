@@ -1,11 +1,11 @@
 """Write a tiny checkpoint folder shaped like a released one (random weights in safetensors).
 
-    .venv/bin/python -m tests.checkpoints qwen3_tts --variant custom_voice --out /tmp/q3tts [--seed 0]
-    .venv/bin/python -m tests.checkpoints higgs_audio_v3 --out /tmp/higgs [--seed 0]
-    .venv/bin/python -m tests.checkpoints qwen3_omni --out /tmp/q3omni [--seed 0]
+    .venv/bin/python -m omnigen_testing.checkpoints qwen3_tts --variant custom_voice --out /tmp/q3tts [--seed 0]
+    .venv/bin/python -m omnigen_testing.checkpoints higgs_audio_v3 --out /tmp/higgs [--seed 0]
+    .venv/bin/python -m omnigen_testing.checkpoints qwen3_omni --out /tmp/q3omni [--seed 0]
 
 Run from the repository root. The folder then loads through vLLM's real weight loader
-(``load_format="safetensors"``); see ``tests/checkpoints/<model>.py`` for what it mirrors.
+(``load_format="safetensors"``); see ``testing/checkpoints/<model>.py`` for what it mirrors.
 """
 
 from __future__ import annotations
@@ -31,10 +31,10 @@ def _summary(folder: Path) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from tests.checkpoints import higgs_audio_v3, qwen3_omni, qwen3_tts
+    from omnigen_testing.checkpoints import higgs_audio_v3, qwen3_omni, qwen3_tts
 
     parser = argparse.ArgumentParser(
-        prog="python -m tests.checkpoints",
+        prog="python -m omnigen_testing.checkpoints",
         description="Write a tiny checkpoint folder shaped like a released one, with seeded random "
         "weights in safetensors, so that vLLM's real weight loader runs on it.",
     )

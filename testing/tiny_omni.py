@@ -9,7 +9,7 @@ Three architectures, registered out of tree by :func:`omnigen.plugin.register` (
   stage. Llama trunk, vLLM's sampler, and a real tokenizer (:func:`write_tiny_tokenizer`, one
   printable character per token for the first ids, short words after), so it publishes text;
   its forward emits one hidden row per token (``multimodal_outputs["hidden"]``), the full
-  payload :func:`omnigen.glue.omnigen_tiny.thinker2talker` hands the talker (which records
+  payload :func:`omnigen_testing.tiny_glue.thinker2talker` hands the talker (which records
   what it received: ``OmniRecord.thinker_payloads``).
 
 * ``OmnigenTinyTalkerForConditionalGeneration`` (:class:`OmnigenTinyTalker`): an
@@ -66,9 +66,9 @@ THINKER_ARCH = "OmnigenTinyThinkerForConditionalGeneration"
 TALKER_ARCH = "OmnigenTinyTalkerForConditionalGeneration"
 CODE2WAV_ARCH = "OmnigenTinyCode2Wav"
 TINY_ARCHS: dict[str, str] = {
-    THINKER_ARCH: "omnigen.testing.tiny_omni:OmnigenTinyThinker",
-    TALKER_ARCH: "omnigen.testing.tiny_omni:OmnigenTinyTalker",
-    CODE2WAV_ARCH: "omnigen.testing.tiny_omni:OmnigenTinyCode2Wav",
+    THINKER_ARCH: "omnigen_testing.tiny_omni:OmnigenTinyThinker",
+    TALKER_ARCH: "omnigen_testing.tiny_omni:OmnigenTinyTalker",
+    CODE2WAV_ARCH: "omnigen_testing.tiny_omni:OmnigenTinyCode2Wav",
 }
 
 # Llama shape that vLLM's CPU attention accepts (head_dim 16 is rejected).
@@ -285,6 +285,15 @@ class TalkerVariant:
             raise ValueError("omnigen_decode_batch='plain' needs omnigen_mtp=False")
         if self.mtp_per_row_generators and not self.mtp:
             raise ValueError("omnigen_mtp_per_row_generators needs omnigen_mtp=True")
+
+
+def write_synthetic(folder: str | os.PathLike[str], variant: str) -> str:
+    """The tiny models' synthetic checkpoint writer (``checkpoint.synthetic`` of
+    ``conf/model/omnigen_tiny*.yaml``): ``serve.models.STAGE=synthetic:VARIANT`` writes the
+    variant's config (the thinker's with its tokenizer) into ``folder``."""
+    if variant not in VARIANTS:
+        raise ValueError(f"no tiny variant {variant!r}; choose one of: {', '.join(sorted(VARIANTS))}")
+    return write_tiny_config(folder, arch=VARIANT_ARCHS[variant], variant=variant)
 
 
 def write_tiny_config(

@@ -35,7 +35,9 @@ from omnigen import api, paths, pipeline
 CPU = torch.device("cpu")
 HIDDEN = 8
 MAX_REQS = 16
-MATRIX: dict[str, Any] = yaml.safe_load((Path(__file__).parents[1] / "spec_matrix.yaml").read_text())
+MATRIX: dict[str, Any] = yaml.safe_load(
+    (Path(__file__).parents[1] / "tests" / "spec_matrix.yaml").read_text()
+)
 CELLS: list[tuple[str, str]] = [(m, s) for m, entry in MATRIX.items() for s in entry["_order"]]
 
 # Stage facts a config states that the spec matrix does not carry (read from conf/model).

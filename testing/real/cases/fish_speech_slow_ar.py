@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from tests.e2e.real.case import RealRequest, RealStageCase
+from omnigen_testing.real.case import RealRequest, RealStageCase
 
 ARCH = "FishSpeechSlowARForConditionalGeneration"
 VOCAB = 320

@@ -14,7 +14,7 @@ checkpoint does (``model_type`` ``higgs_multimodal_qwen3``, vllm-omni 0.30's
     tokenizer.json         text tokenizer (offline WordLevel) with the Higgs specials as added tokens
     tokenizer_config.json  eos_token <|endoftext|>
 
-Sizes are the tiny talker case's (``tests/e2e/real/cases/higgs_audio_v3.py``: hidden 128, one
+Sizes are the tiny talker case's (``testing/real/cases/higgs_audio_v3.py``: hidden 128, one
 layer, 8 codebooks, text vocabulary 128), imported from there so the dummy-loader case and these
 folders stay one shape.
 
@@ -50,7 +50,7 @@ with transformers' ``HiggsAudioV2TokenizerModel``, not from these tensors); the 
 WordLevel one, not the release's Qwen BPE tokenizer; ids differ (the release's eos 151643,
 ``<|audio_end|>`` 151671).
 
-Values: ``tests.checkpoints.tensors.draw`` (a function of the seed and the tensor's name), except
+Values: ``omnigen_testing.checkpoints.tensors.draw`` (a function of the seed and the tensor's name), except
 where the codec needs its own: the Snake activations' ``alpha`` is 1 + N(0, 0.05) (DAC's snake
 divides by it), codebook ``cluster_size`` 1, ``inited`` 1, and the codec's convolutions and linear
 layers are N(0, (CODEC_GAIN / sqrt(fan_in))^2): at 0.7 the decoder's output of random codes has a
@@ -67,9 +67,9 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from tests.checkpoints.qwen3_tts import _qwen3_layers
-from tests.checkpoints.tensors import draw
-from tests.e2e.real.cases import higgs_audio_v3 as tiny
+from omnigen_testing.checkpoints.qwen3_tts import _qwen3_layers
+from omnigen_testing.checkpoints.tensors import draw
+from omnigen_testing.real.cases import higgs_audio_v3 as tiny
 
 ARCH = "HiggsMultimodalQwen3ForConditionalGeneration"
 TALKER_ARCH = tiny.ARCH

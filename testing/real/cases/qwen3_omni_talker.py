@@ -40,7 +40,7 @@ from pathlib import Path
 
 import torch
 
-from tests.e2e.real.case import RealRequest, RealStageCase
+from omnigen_testing.real.case import RealRequest, RealStageCase
 
 THINKER_HIDDEN = 192
 THINKER_VOCAB = 256
@@ -70,7 +70,7 @@ def hf_config(
     **top_level,
 ):
     """The tiny ``Qwen3OmniMoeConfig`` (also used by the thinker case and by
-    ``tests/checkpoints/qwen3_omni.py``); ``top_level`` overrides top-level fields (the thinker case
+    ``testing/checkpoints/qwen3_omni.py``); ``top_level`` overrides top-level fields (the thinker case
     moves the tts_* token ids into its tiny vocab). The vocabularies and the code groups (the
     talker's and code predictor's ``num_code_groups``, code2wav's ``num_quantizers``; the code
     predictor's vocabulary is code2wav's codebook) default to this case's; the checkpoint writer

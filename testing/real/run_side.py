@@ -1,12 +1,12 @@
 """One side of the differential test: run cases through vLLM on CPU and write their traces.
 
-    python -m tests.e2e.real.run_side --side oracle|omnigen --cases a,b,c --out trace.json
+    python -m omnigen_testing.real.run_side --side oracle|omnigen --cases a,b,c --out trace.json
 
 All cases run in this one process, one engine at a time (vLLM's import is paid once). The
 environment is set here, before vLLM is imported (``harness.side_environment``). A case that
 crashes is recorded in the trace (``error``, ``runner_errors``); the process still exits 0 once
 the trace is written, so the comparison can report it. ``--cases`` defaults to every module in
-``tests/e2e/real/cases``.
+``testing/real/cases``.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import tempfile
 import time
 from pathlib import Path
 
-CASES_PACKAGE = "tests.e2e.real.cases"
+CASES_PACKAGE = "omnigen_testing.real.cases"
 
 
 def all_case_names() -> list[str]:
@@ -46,7 +46,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--work-dir", type=Path, default=None, help="where the tiny checkpoints go")
     args = parser.parse_args(argv)
 
-    from tests.e2e.real import harness
+    from omnigen_testing.real import harness
 
     os.environ.update(harness.side_environment(args.side))
     if str(harness.REPO_ROOT) not in sys.path:

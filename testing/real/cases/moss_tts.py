@@ -38,7 +38,7 @@ from pathlib import Path
 
 import torch
 
-from tests.e2e.real.case import RealRequest, RealStageCase
+from omnigen_testing.real.case import RealRequest, RealStageCase
 
 N_VQ = 4
 AUDIO_VOCAB = 32  # >= 25 (the depth transformer's top_k)

@@ -15,7 +15,7 @@ both pointed at it, the stage chosen by ``hf_overrides={"architectures": [...]}`
     speech_tokenizer/preprocessor_config.json   the encoder's feature extractor
     speech_tokenizer/model.safetensors          encoder.* (Mimi) + decoder.* (codec decoder), float32
 
-Sizes are the tiny ones of ``tests/e2e/real/cases/qwen3_tts_talker.py`` (talker hidden 128, one
+Sizes are the tiny ones of ``testing/real/cases/qwen3_tts_talker.py`` (talker hidden 128, one
 layer; code predictor hidden 64, 4 code groups, codebook 128; codec decoder 16 samples per frame),
 imported from there so the dummy-loader cases and these folders stay one shape.
 
@@ -69,7 +69,7 @@ established here: whether the released ``tokenizer_config.json`` carries a chat 
 (vllm-omni never applies one: it formats ``<|im_start|>assistant\n{text}<|im_end|>\n...`` itself,
 prompt_embeds_builder.py:73-81); the ChatML template written here renders the same role layout.
 
-Values (``tests/checkpoints/tensors.py``): every tensor is drawn from its own ``torch.Generator``
+Values (``testing/checkpoints/tensors.py``): every tensor is drawn from its own ``torch.Generator``
 seeded with (seed, crc32(name)), so a tensor's value depends only on the seed and its name (the
 talker's weights are the same in all three variants). Weights and biases ~ N(0, 0.05); norm
 weights 1 + N(0, 0.05); codebook usage counts U(0.5, 1.5) (the codebooks divide by them);
@@ -85,8 +85,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from tests.checkpoints.tensors import write_tensors
-from tests.e2e.real.cases import qwen3_tts_talker as tiny
+from omnigen_testing.checkpoints.tensors import write_tensors
+from omnigen_testing.real.cases import qwen3_tts_talker as tiny
 
 VARIANTS = ("custom_voice", "voice_design", "base")
 ARCH = "Qwen3TTSForConditionalGeneration"

@@ -29,7 +29,7 @@ Model facts this case relies on (vllm_omni 0.30,
   positions during prefill (``_apply_ref_audio_substitution`` :643); the engine prompt holds
   ``<|tts|>`` there (``prepare_prompt_for_engine``, higgs_audio_v3_tokenizer.py:100).
 
-The sizes, the config and the tokenizer are shared with ``tests/checkpoints/higgs_audio_v3.py``
+The sizes, the config and the tokenizer are shared with ``testing/checkpoints/higgs_audio_v3.py``
 (the same shapes with weights in safetensors and the bundled codec, for whole pipelines).
 """
 
@@ -40,7 +40,7 @@ from pathlib import Path
 
 import torch
 
-from tests.e2e.real.case import RealRequest, RealStageCase
+from omnigen_testing.real.case import RealRequest, RealStageCase
 
 ARCH = "HiggsAudioV3TalkerForConditionalGeneration"
 CODE2WAV_ARCH = "HiggsAudioV3Code2WavForConditionalGeneration"
@@ -49,7 +49,7 @@ CODEBOOK_SIZE = 1026  # BOC_ID=1024, EOC_ID=1025 are module constants of the tal
 HIDDEN = 128
 MAX_POSITIONS = 40960  # Qwen3-4B's (the released backbone); the stage cases run at max_model_len 128
 # The case's words (w0..w39, the requests draw from them) and some English ones for the
-# checkpoints of tests/checkpoints, whose users type text.
+# checkpoints of testing/checkpoints, whose users type text.
 WORDS = [f"w{i}" for i in range(40)] + (
     "hello world the quick brown fox jumps over lazy dog a good day to you and thank this is my voice "
     "it one please say"

@@ -24,8 +24,8 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-from tests.e2e.real.case import RealRequest, RealStageCase
-from tests.e2e.real.cases.qwen3_tts_talker import (
+from omnigen_testing.real.case import RealRequest, RealStageCase
+from omnigen_testing.real.cases.qwen3_tts_talker import (
     CODE2WAV_ARCH,
     CODEBOOK,
     NUM_CODE_GROUPS,

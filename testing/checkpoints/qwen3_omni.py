@@ -14,7 +14,7 @@ same class (``Qwen3OmniMoeForConditionalGeneration``), which builds the stage th
     tokenizer.json          a WordLevel tokenizer over the thinker's whole vocabulary
     tokenizer_config.json   incl. the chat template (content parts: text, audio, image, video)
 
-Sizes are the tiny ones of ``tests/e2e/real/cases/qwen3_omni_talker.py`` (``hf_config``: thinker
+Sizes are the tiny ones of ``testing/real/cases/qwen3_omni_talker.py`` (``hf_config``: thinker
 hidden 192, two MoE layers of 4 experts; talker hidden 128, one MoE layer; code predictor one
 layer; code2wav hidden 64, 8 samples a frame), imported from there so the dummy-loader cases and
 this folder stay one shape. What differs from those stage cases is the token layout, which here is
@@ -33,7 +33,7 @@ Tensor names: the state dict of transformers' own ``Qwen3OmniMoeForConditionalGe
 this config (built on the meta device), reverted to the on-disk layout the way
 ``save_pretrained`` reverts it (``revert_weight_conversion``: the MoE experts one tensor per
 expert, ``experts.{e}.{gate,up,down}_proj.weight``), which is the released files' layout.
-Values: ``tests/checkpoints/tensors.py`` (a function of seed and name).
+Values: ``testing/checkpoints/tensors.py`` (a function of seed and name).
 
 Tokenizer: the release ships Qwen2's byte-level BPE (151643 tokens plus specials); here every id
 below 151676 is a word of a WordLevel vocabulary, so that any id the random thinker samples
@@ -52,8 +52,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from tests.checkpoints.tensors import write_tensors
-from tests.e2e.real.cases import qwen3_omni_talker as tiny
+from omnigen_testing.checkpoints.tensors import write_tensors
+from omnigen_testing.real.cases import qwen3_omni_talker as tiny
 
 ARCH = "Qwen3OmniMoeForConditionalGeneration"
 THINKER_VOCAB = 152064

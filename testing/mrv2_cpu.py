@@ -76,7 +76,7 @@ class _Unsimulated:
 
     def __getitem__(self, grid: Any) -> Any:
         raise KernelNotSimulated(
-            f"Model Runner V2 launched the Triton kernel {self.name}, which omnigen.testing.mrv2_cpu "
+            f"Model Runner V2 launched the Triton kernel {self.name}, which omnigen_testing.mrv2_cpu "
             "does not simulate; this V2 path needs a GPU (or a simulation of that kernel)"
         )
 

@@ -31,9 +31,9 @@ from pathlib import Path
 
 import torch
 
-from tests.e2e.real.case import RealRequest, RealStageCase
-from tests.e2e.real.cases.qwen3_omni_talker import EXTRA_ARCHS as _TALKER_ARCHS
-from tests.e2e.real.cases.qwen3_omni_talker import THINKER_VOCAB, hf_config
+from omnigen_testing.real.case import RealRequest, RealStageCase
+from omnigen_testing.real.cases.qwen3_omni_talker import EXTRA_ARCHS as _TALKER_ARCHS
+from omnigen_testing.real.cases.qwen3_omni_talker import THINKER_VOCAB, hf_config
 
 # Tiny-vocab stand-ins for the released chatml / tts ids (151644, 872, 77091, 151671-151673).
 IM_START, IM_END, USER, ASSISTANT, NEWLINE = 240, 241, 242, 243, 244
