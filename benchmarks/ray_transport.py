@@ -161,6 +161,7 @@ def handoff(args: argparse.Namespace) -> dict[str, Any]:
 
 def start(mode: str, args: argparse.Namespace) -> tuple[Any, Any, Any]:
     """``(pipeline, settings, plan)`` as ``omnigen run`` composes and starts them."""
+    from omnigen import api
     from omnigen import pipeline as composer
     from omnigen.pipeline_commands import serve_overrides
     from omnigen.serving.pipeline import Pipeline
@@ -178,14 +179,13 @@ def start(mode: str, args: argparse.Namespace) -> tuple[Any, Any, Any]:
         extra += ["serve.ray.replica.num_cpus=0.5", "serve.ray.env_vars.VLLM_CPU_KVCACHE_SPACE=1"]
     overrides = serve_overrides("omnigen_tiny", [*extra, *model_overrides])
     cfg = composer.compose_config("omnigen_tiny", overrides)
-    plan = composer.plan_from_config(cfg, "omnigen_tiny", overrides)
+    plan = api.served_model("omnigen_tiny", overrides)
     settings = read_settings(cfg, plan)
     pipe = Pipeline.from_model(
-        "omnigen_tiny",
+        plan,
         settings.stage_models,
         mode=mode,
         engine_kwargs=settings.engine_kwargs,
-        overrides=model_overrides,
         ray=settings.ray,
     )
     return pipe, settings, plan

@@ -178,6 +178,7 @@ def model_overrides(model: str, args: argparse.Namespace, checkpoint: Path | Non
 
 def start(model: str, overrides: Sequence[str]) -> tuple[Any, Any, Any]:
     """``(pipeline, settings, plan)``, as ``omnigen run`` composes and starts them (``mp``)."""
+    from omnigen import api
     from omnigen import pipeline as composer
     from omnigen.pipeline_commands import serve_overrides
     from omnigen.serving.pipeline import Pipeline
@@ -186,9 +187,9 @@ def start(model: str, overrides: Sequence[str]) -> tuple[Any, Any, Any]:
 
     overrides = serve_overrides(model, [*overrides, "serve.mode=mp"])
     cfg = composer.compose_config(model, overrides)
-    plan = composer.plan_from_config(cfg, model, overrides)
+    plan = api.served_model(model, overrides)
     settings = read_settings(cfg, plan)
-    pipe = Pipeline.from_model(model, settings.stage_models, mode="mp", engine_kwargs=settings.engine_kwargs)
+    pipe = Pipeline.from_model(plan, settings.stage_models, mode="mp", engine_kwargs=settings.engine_kwargs)
     try:
         if streaming_edge(pipe) is None:
             raise SystemExit(

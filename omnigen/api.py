@@ -15,14 +15,18 @@ import types
 from collections.abc import Sequence
 from typing import Any
 
-from omnigen import pipeline
+from omnigen import built, pipeline
+from omnigen.built import BuiltModel
 from omnigen.plan import ModelPlan, StagePlan
 
 __all__ = [
+    "RUNNER_OVERRIDES",
     "model_plan",
     "model_state_class",
     "runner_class",
+    "runner_overrides",
     "runner_v2_class",
+    "served_model",
     "stage_plan",
     "stage_source",
     "stage_v2_source",
@@ -162,3 +166,56 @@ def worker_cls_name(model: str, stage: str, overrides: Sequence[str] = ()) -> st
     if not overrides:
         return f"{plan.module}.{plan.worker_class}"
     return f"{_module(model, stage, overrides).__name__}.{plan.worker_class}"
+
+
+# Overrides that change the generated runners; the rest (serve.*) only say how to run them.
+RUNNER_OVERRIDES = ("model.", "+model.", "~model.", "++model.", "device=", "graph=", "mtp_graph=")
+
+
+def runner_overrides(overrides: Sequence[str]) -> list[str]:
+    """The overrides among ``overrides`` that change the model's plan or generated runners."""
+    return [o for o in overrides if o.startswith(RUNNER_OVERRIDES)]
+
+
+def served_model(model: str, overrides: Sequence[str] = ()) -> BuiltModel:
+    """What ``omnigen run``/``serve`` and ``Pipeline.start`` serve: the built package's model
+    (``generated/<model>/plan.yaml``), or with overrides that change the plan, that variant.
+
+    A variant whose generated modules equal the committed ones (an override of a serving key, such
+    as an edge's transport) is served by the committed workers in every mode; one that changes a
+    module is rendered in this process (``in_memory``: ``serve.mode=inproc`` only).
+    """
+    overrides = runner_overrides(overrides)
+    if not overrides:
+        return built.load(model)
+    plan = model_plan(model, overrides)
+    changed = _changed_modules(plan, overrides)
+    # A changed package __init__ (the declared classes) is the whole model's: every stage's
+    # processes would register the committed classes, so every worker is the variant's.
+    variant = [
+        s for s in plan.stages if f"{model}/{s.stage}.py" in changed or f"{model}/__init__.py" in changed
+    ]
+    workers = {s.stage: f"{_module(model, s.stage, overrides).__name__}.{s.worker_class}" for s in variant}
+    return BuiltModel.from_plan_dict(plan.as_dict(), workers=workers or None)
+
+
+def _changed_modules(plan: ModelPlan, overrides: Sequence[str]) -> set[str]:
+    """The generated ``.py`` files (paths under the package) a variant changes from the committed
+    tree's, header comments aside (they name the overrides)."""
+    root = built.plan_file(plan.name).parent.parent
+    changed = set()
+    for path, source in pipeline.model_files(plan, tuple(overrides)).items():
+        committed = root / path
+        if path.endswith(".py") and (
+            not committed.is_file() or _code(committed.read_text()) != _code(source)
+        ):
+            changed.add(path)
+    return changed
+
+
+def _code(source: str) -> str:
+    """A generated module less its header comment."""
+    lines = source.splitlines()
+    while lines and lines[0].startswith("#"):
+        lines.pop(0)
+    return "\n".join(lines)

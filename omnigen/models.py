@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
 
-from omnigen.plan import COMMITTED_PACKAGE
+from omnigen.built import COMMITTED_PACKAGE
 
 ENV = "OMNIGEN_MODELS"
 """Comma-separated models (``qwen3_tts``, or ``package:model`` for a variant tree) whose
@@ -54,7 +54,7 @@ class Declared:
 
     @classmethod
     def from_plan(cls, plan: Any) -> Declared:
-        """The same declarations read from a ``ModelPlan`` (what ``omnigen build`` records)."""
+        """The same declarations read from a ``BuiltModel`` (or the ``ModelPlan`` it was built from)."""
         return cls(
             model=plan.name,
             package=plan.package,

@@ -1,4 +1,6 @@
-"""``omnigen run`` / ``omnigen serve``: compose, check, start one engine per stage."""
+"""``omnigen run`` / ``omnigen serve``: compose the serve settings, read the model from its built
+package (``omnigen.api.served_model``: a variant only where overrides change the runners), check,
+start one engine per stage."""
 
 from __future__ import annotations
 
@@ -8,14 +10,9 @@ from pathlib import Path
 
 import click
 
-from omnigen import paths, pipeline
+from omnigen import api, paths, pipeline
 
 log = logging.getLogger("omnigen.serving")
-
-# Overrides that change the generated runners, which the pipeline composes again; the rest
-# (serve.*) only say how to run them.
-_RUNNER_OVERRIDES = ("model.", "+model.", "~model.", "device=", "graph=", "mtp_graph=")
-
 
 # The serve sections that are free-form maps (stage -> path, engine argument -> value, ...):
 # a key a serve config does not list yet is added, as vLLM's own ``--key value`` would be. Their
@@ -99,8 +96,8 @@ def run(command: str, model: str, overrides: Sequence[str]) -> int:
     from omnigen.serving.settings import SettingsError, read_settings
 
     overrides = serve_overrides(model, overrides)
-    cfg = pipeline.compose_config(model, overrides)
-    plan = pipeline.plan_from_config(cfg, model, overrides)
+    cfg = pipeline.compose_config(model, overrides)  # the serve section (and a config error early)
+    plan = api.served_model(model, overrides)
     try:
         settings = read_settings(cfg, plan)
     except SettingsError as exc:
@@ -109,14 +106,12 @@ def run(command: str, model: str, overrides: Sequence[str]) -> int:
         raise click.UsageError(
             "serves requests concurrently with one engine per process: set serve.mode=mp (or ray)"
         )
-    runner_overrides = [o for o in overrides if o.startswith(_RUNNER_OVERRIDES)]
     try:
         pipe = Pipeline.from_model(
-            model,
+            plan,
             settings.stage_models,
             mode=settings.mode,
             engine_kwargs=settings.engine_kwargs,
-            overrides=runner_overrides,
             ray=settings.ray,
         )
     except ValueError as exc:

@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
+from omnigen.built import COMMITTED_PACKAGE, SCHEDULER_CLS
 from omnigen.schema import DecodeBatch, Device, MTPGraph, PerRowGenerators
 from omnigen.spec import (
     BuildSpec,
@@ -130,11 +131,9 @@ class V2Plan:
         }
 
 
-SCHEDULER_CLS = "omnigen.runtime.scheduler.OmniScheduler"
-"""vLLM's ``scheduler_cls`` for every omnigen stage: vLLM's scheduler with the output channel
-(8.1). ``OmniAsyncScheduler`` beside it for asynchronous scheduling."""
-COMMITTED_PACKAGE = "omnigen.generated"
-"""The package of the committed tree; a variant built with ``out=DIR`` names its own."""
+# vLLM's ``scheduler_cls`` for every omnigen stage (vLLM's scheduler with the output channel, 8.1),
+# and the committed tree's package (a variant built with ``out=DIR`` names its own): defined where
+# serving reads the built package (omnigen.built).
 
 
 @dataclass(frozen=True)
@@ -171,38 +170,75 @@ class StagePlan:
     mrope: bool
     async_chunk: bool
     clauses: tuple[str, ...]
-    mrope_fallback: bool = False
-    postprocess: PostprocessSpec | None = None
-    make_omni_output: bool = False
-    payload_hidden: bool = False
-    request_token_spans: bool = False
-    query_start_loc: bool = False
-    set_batch_req_ids: bool = False
-    logits_sampling_metadata: bool = False
-    model_sampler: bool = False
-    on_requests_finished: bool = False
-    seq_token_counts: bool = False
-    request_ids: bool = False
-    model_config_fields: tuple[tuple[str, Any], ...] = ()
+    mrope_fallback: bool
+    postprocess: PostprocessSpec | None
+    make_omni_output: bool
+    payload_hidden: bool
+    request_token_spans: bool
+    query_start_loc: bool
+    set_batch_req_ids: bool
+    logits_sampling_metadata: bool
+    model_sampler: bool
+    on_requests_finished: bool
+    seq_token_counts: bool
+    request_ids: bool
+    model_config_fields: tuple[tuple[str, Any], ...]
     """``(name, value)`` pairs the worker sets on vLLM's ``model_config`` (7.5), sorted."""
-    text_config_name: str | None = None
-    published_keys: tuple[str, ...] | None = ()
+    text_config_name: str | None
+    published_keys: tuple[str, ...] | None
     """The payload keys each step publishes (8.1); None: every key (a full-payload producer)."""
-    input_function: str | None = None
+    input_function: str | None
     """The glue this stage applies to the previous stage's output (when that stage names none)."""
-    transport: str = "inline"
-    devices: str | None = None
-    decisions: tuple[Decision, ...] = field(default=())
-    model_class: str | None = None
+    transport: str
+    devices: str | None
+    decisions: tuple[Decision, ...]
+    model_class: str | None
     """The class vLLM builds for ``arch`` (registered wherever the model is served), or None."""
-    v2: V2Plan | None = None
+    v2: V2Plan | None
     """The stage's Model Runner V2 target (always set by the planner)."""
-    stream: StreamSpec | None = None
+    stream: StreamSpec | None
     """How the edge to the next stage streams (None: the next stage gets the full payload)."""
+
+    def __post_init__(self) -> None:
+        """What a plan may never say, whatever the config (a planner bug, not a user's error)."""
+        where = f"plan of {self.model}.{self.stage}"
+        implied = {
+            "accumulates_full_payload needs a producer": not self.accumulates_full_payload or self.producer,
+            "defers_full_payload_d2h needs accumulates_full_payload and request_end_payload": (
+                not self.defers_full_payload_d2h
+                or (self.accumulates_full_payload and self.request_end_payload)
+            ),
+            "sync_payloads_before_rows needs refresh_every_step outside async-chunk mode": (
+                not self.sync_payloads_before_rows or (self.refresh_every_step and not self.async_chunk)
+            ),
+            "an MTP runs on an autoregressive stage": self.mtp is None or self.kind == "ar",
+            "decode_batch mtp needs an MTP": self.decode_batch != "mtp" or self.mtp is not None,
+            "every stage has its Model Runner V2 target": self.v2 is not None,
+            "clauses are known, unique and in CLAUSES order": list(self.clauses)
+            == [c for c in CLAUSES if c in self.clauses],
+            "module, runner and worker are the stage's": self.module.endswith(f".{self.model}.{self.stage}")
+            and self.runner_class.endswith("Runner")
+            and self.worker_class.endswith("Worker"),
+        }
+        broken = [rule for rule, holds in implied.items() if not holds]
+        if broken:
+            raise ValueError(f"{where}: " + "; ".join(broken))
 
     @property
     def is_generation(self) -> bool:
         return self.kind == "generation"
+
+    def pipeline_dict(self) -> dict[str, Any]:
+        """What the pipeline runs this stage with (``plan.yaml``'s ``pipeline``; ``omnigen.built``)."""
+        return {
+            "next_stage_input": self.next_stage_input,
+            "input_function": self.input_function,
+            "transport": self.transport,
+            "devices": self.devices,
+            "published_keys": None if self.published_keys is None else list(self.published_keys),
+            "model_class": self.model_class,
+            "stream": None if self.stream is None else self.stream.as_dict(),
+        }
 
     def capabilities(self) -> dict[str, Any]:
         """The per-stage facts ``tests/spec_matrix.yaml`` states, under its key names."""
@@ -285,7 +321,16 @@ class ModelPlan:
     async_chunk: bool
     device: str
     stages: tuple[StagePlan, ...]
-    checkpoint: CheckpointSpec = CheckpointSpec()
+    checkpoint: CheckpointSpec
+
+    def __post_init__(self) -> None:
+        names = [s.stage for s in self.stages]
+        orders = [s.order for s in self.stages]
+        packages = {s.module.rsplit(".", 2)[0] for s in self.stages}
+        if not self.stages or len(set(names)) != len(names) or orders != sorted(set(orders)):
+            raise ValueError(f"plan of {self.name}: stages must be unique and in ascending order: {names}")
+        if len(packages) != 1 or any(s.model != self.name for s in self.stages):
+            raise ValueError(f"plan of {self.name}: every stage must be this model's, in one package")
 
     @property
     def model_classes(self) -> dict[str, str]:
@@ -338,6 +383,7 @@ class ModelPlan:
                     "serve": s.serve_command,
                     "capabilities": s.capabilities(),
                     "contract_clauses": list(s.clauses),
+                    "pipeline": s.pipeline_dict(),
                     "v2": s.v2.as_dict(s.v2_module) if s.v2 else None,
                     "decisions": {d.name: d.as_dict() for d in s.decisions},
                 }
@@ -393,8 +439,82 @@ def _plan_stage(
     prefix = class_prefix(model.name, stage.name)
     kind = stage.kind.value
     decide("kind", kind, f"{kind} stage", f"{key}.kind")
-
     device = build.device
+    _decide_runner_base(device, decide)
+    producer = stage.producer
+    accumulates, defers = _decide_full_payload(model, stage, decide, key)
+    mtp_plan = _decide_mtp(stage, build, decide, key)
+    decode_batch, refresh, sync_before_rows = _decide_rows(model, stage, decide, key)
+    published = _decide_publishing(stage, accumulates, feeds_input_function, decide, key)
+    # What a streaming edge's windows read: the payload a producer accumulates, or, where the next
+    # stage's input_function is the edge's glue, every key this stage publishes (the same fold).
+    readable = accumulates or (feeds_input_function and not model.async_chunk)
+    _decide_streaming(stage, readable, feeds_input_function, decide, key)
+    _decide_step_outputs(stage, decide, key)
+    model_config_fields = _decide_model_config(model, stage, decide, key)
+    v2_plan = _decide_v2(stage, prefix, mtp_plan, decide, key)
+    clauses = _contract_clauses(stage, accumulates=accumulates, defers=defers, published=published)
+
+    return StagePlan(
+        model=model.name,
+        model_title=model.title,
+        stage=stage.name,
+        order=stage.order,
+        source=model.source,
+        module=f"{COMMITTED_PACKAGE}.{model.name}.{stage.name}",
+        runner_class=f"{prefix}Runner",
+        worker_class=f"{prefix}Worker",
+        device=device.value,
+        kind=kind,
+        arch=stage.arch,
+        final_output=stage.final_output.value,
+        producer=producer,
+        next_stage_input=stage.next_stage_input,
+        accumulates_full_payload=accumulates,
+        preprocess_hook=stage.preprocess_hook,
+        batch_preprocess_hook=stage.batch_preprocess_hook,
+        decode_batch=decode_batch,
+        mtp=mtp_plan,
+        gpu_resident_keys=stage.gpu_resident_keys,
+        refresh_every_step=refresh,
+        sync_payloads_before_rows=sync_before_rows,
+        replace_on_marker=stage.replace_on_marker,
+        multimodal_outputs=stage.multimodal_outputs,
+        decode_step_metadata=stage.decode_step_metadata,
+        has_finish_decode_step=stage.has_finish_decode_step,
+        request_end_payload=stage.request_end_payload,
+        defers_full_payload_d2h=defers,
+        attach_request_features=stage.attach_request_features,
+        mrope=stage.mrope,
+        async_chunk=model.async_chunk,
+        clauses=clauses,
+        mrope_fallback=stage.mrope_fallback,
+        postprocess=stage.postprocess,
+        make_omni_output=stage.make_omni_output,
+        payload_hidden=stage.payload_hidden,
+        request_token_spans=stage.request_token_spans,
+        query_start_loc=stage.query_start_loc,
+        set_batch_req_ids=stage.set_batch_req_ids,
+        logits_sampling_metadata=stage.logits_sampling_metadata,
+        model_sampler=stage.model_sampler,
+        on_requests_finished=stage.on_requests_finished,
+        seq_token_counts=stage.seq_token_counts,
+        request_ids=stage.request_ids,
+        model_config_fields=model_config_fields,
+        text_config_name=stage.hf_config_name,
+        published_keys=published,
+        input_function=stage.input_function,
+        transport=stage.transport.value,
+        devices=stage.devices,
+        decisions=tuple(decisions),
+        model_class=stage.model_class,
+        v2=v2_plan,
+        stream=stage.stream,
+    )
+
+
+def _decide_runner_base(device: Device, decide: Any) -> None:
+    """The vLLM runner the generated runner subclasses (``device``)."""
     if device is Device.auto:
         decide(
             "runner_base",
@@ -407,6 +527,10 @@ def _plan_stage(
     else:
         decide("runner_base", "GPUModelRunner", "device=cuda", "device")
 
+
+def _decide_full_payload(model: ModelSpec, stage: StageSpec, decide: Any, key: str) -> tuple[bool, bool]:
+    """Whether the stage accumulates a full payload for the next stage (CONTRACT 5), and whether
+    it defers that payload's device-to-host copy to the request's end (5.3)."""
     producer = stage.producer
     accumulates = producer and stage.full_payload and not model.async_chunk
     if not producer:
@@ -439,7 +563,11 @@ def _plan_stage(
         ),
         f"{key}.outputs.request_end_payload",
     )
+    return accumulates, defers
 
+
+def _decide_mtp(stage: StageSpec, build: BuildSpec, decide: Any, key: str) -> MTPPlan | None:
+    """The talker's multi-token code predictor (``stages.S.mtp``; CONTRACT 2), or None."""
     mtp_plan: MTPPlan | None = None
     if stage.mtp is not None:
         mtp = stage.mtp
@@ -486,7 +614,12 @@ def _plan_stage(
         )
     else:
         decide("talker_mtp", False, "mtp.enabled is false: no MTP code", f"{key}.mtp.enabled")
+    return mtp_plan
 
+
+def _decide_rows(model: ModelSpec, stage: StageSpec, decide: Any, key: str) -> tuple[str, bool, bool]:
+    """How a step's rows are prepared: decode batching (``preprocess``) and when buffers take the
+    scheduler's payloads (``buffers``)."""
     decode_batch = stage.decode_batch.value
     decide(
         "decode_batch",
@@ -514,17 +647,15 @@ def _plan_stage(
         "async_chunk",
         f"{key}.buffers.refresh_every_step",
     )
+    return decode_batch, refresh, sync_before_rows
 
-    published = _decide_publishing(stage, accumulates, feeds_input_function, decide, key)
-    # What a streaming edge's windows read: the payload a producer accumulates, or, where the next
-    # stage's input_function is the edge's glue, every key this stage publishes (the same fold).
-    readable = accumulates or (feeds_input_function and not model.async_chunk)
-    _decide_streaming(stage, readable, feeds_input_function, decide, key)
-    _decide_step_outputs(stage, decide, key)
-    model_config_fields = _decide_model_config(model, stage, decide, key)
 
-    v2_plan = _decide_v2(stage, prefix, mtp_plan, decide, key)
-
+def _contract_clauses(
+    stage: StageSpec, *, accumulates: bool, defers: bool, published: tuple[str, ...] | None
+) -> tuple[str, ...]:
+    """The contract clauses the stage implements, in ``CLAUSES`` order."""
+    producer = stage.producer
+    refresh = stage.refresh_every_step
     clauses = ["1.1", "1.3", "4.1", "4.2", "4.4", "4.5", "5.2", "6", "7.2", "7.8"]
     if stage.postprocess is not None:
         clauses.append("7.1")
@@ -575,64 +706,7 @@ def _plan_stage(
         clauses.append("8.2")
     if defers:
         clauses.append("5.3")
-    ordered_clauses = tuple(c for c in CLAUSES if c in set(clauses))
-
-    return StagePlan(
-        model=model.name,
-        model_title=model.title,
-        stage=stage.name,
-        order=stage.order,
-        source=model.source,
-        module=f"{COMMITTED_PACKAGE}.{model.name}.{stage.name}",
-        runner_class=f"{prefix}Runner",
-        worker_class=f"{prefix}Worker",
-        device=device.value,
-        kind=kind,
-        arch=stage.arch,
-        final_output=stage.final_output.value,
-        producer=producer,
-        next_stage_input=stage.next_stage_input,
-        accumulates_full_payload=accumulates,
-        preprocess_hook=stage.preprocess_hook,
-        batch_preprocess_hook=stage.batch_preprocess_hook,
-        decode_batch=decode_batch,
-        mtp=mtp_plan,
-        gpu_resident_keys=stage.gpu_resident_keys,
-        refresh_every_step=refresh,
-        sync_payloads_before_rows=sync_before_rows,
-        replace_on_marker=stage.replace_on_marker,
-        multimodal_outputs=stage.multimodal_outputs,
-        decode_step_metadata=stage.decode_step_metadata,
-        has_finish_decode_step=stage.has_finish_decode_step,
-        request_end_payload=stage.request_end_payload,
-        defers_full_payload_d2h=defers,
-        attach_request_features=stage.attach_request_features,
-        mrope=stage.mrope,
-        async_chunk=model.async_chunk,
-        clauses=ordered_clauses,
-        mrope_fallback=stage.mrope_fallback,
-        postprocess=stage.postprocess,
-        make_omni_output=stage.make_omni_output,
-        payload_hidden=stage.payload_hidden,
-        request_token_spans=stage.request_token_spans,
-        query_start_loc=stage.query_start_loc,
-        set_batch_req_ids=stage.set_batch_req_ids,
-        logits_sampling_metadata=stage.logits_sampling_metadata,
-        model_sampler=stage.model_sampler,
-        on_requests_finished=stage.on_requests_finished,
-        seq_token_counts=stage.seq_token_counts,
-        request_ids=stage.request_ids,
-        model_config_fields=model_config_fields,
-        text_config_name=stage.hf_config_name,
-        published_keys=published,
-        input_function=stage.input_function,
-        transport=stage.transport,
-        devices=stage.devices,
-        decisions=tuple(decisions),
-        model_class=stage.model_class,
-        v2=v2_plan,
-        stream=stage.stream,
-    )
+    return tuple(c for c in CLAUSES if c in set(clauses))
 
 
 def _decide_streaming(
@@ -803,8 +877,8 @@ def _decide_publishing(
     if stage.producer:
         decide(
             "transport",
-            stage.transport,
-            _TRANSPORT_REASONS[stage.transport],
+            stage.transport.value,
+            _TRANSPORT_REASONS[stage.transport.value],
             f"{key}.transport",
         )
     return published

@@ -31,7 +31,9 @@ from omnigen.schema import (
     PerRowGenerators,
     Sampler,
     StageKind,
+    Transport,
 )
+from omnigen.streams import StreamSpec
 
 # Matched with fullmatch: ``$`` would also accept a trailing newline.
 _IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,99}")
@@ -94,25 +96,6 @@ class CheckpointSpec:
 
 
 @dataclass(frozen=True)
-class StreamSpec:
-    """A streaming edge (``stages.S.stream``): the window function and the window sizes."""
-
-    window: str
-    chunk_frames: int
-    left_context_frames: int
-    initial_chunk_frames: int
-    ramp: tuple[int, ...] = ()
-    coalesce: bool = True
-    playback_rate_hz: float | None = None
-    playback_lead_s: float = 1.0
-
-    def window_sizes(self, count: int) -> list[int]:
-        """The first ``count`` window sizes: the first window, the ramp, then ``chunk_frames``."""
-        sizes = [self.initial_chunk_frames, *self.ramp]
-        return (sizes + [self.chunk_frames] * max(count - len(sizes), 0))[:count]
-
-
-@dataclass(frozen=True)
 class StageSpec:
     name: str
     order: int
@@ -121,7 +104,7 @@ class StageSpec:
     final_output: FinalOutput
     next_stage_input: str | None
     full_payload: bool
-    transport: str
+    transport: Transport
     publish: tuple[str, ...]
     input_function: str | None
     devices: str | None
@@ -155,6 +138,23 @@ class StageSpec:
     model_class: str | None = None
     stream: StreamSpec | None = None
     """The edge to the next stage streams (None: full payload at request end)."""
+
+    def __post_init__(self) -> None:
+        """What ``_stage_spec`` guarantees whatever the config (a user's mistake is a finding,
+        reported with its key, before any of this could fail): choices stay their enums."""
+        for name, enum in (
+            ("kind", StageKind),
+            ("final_output", FinalOutput),
+            ("decode_batch", DecodeBatch),
+            ("transport", Transport),
+        ):
+            if not isinstance(getattr(self, name), enum):
+                raise TypeError(f"spec of stage {self.name}: {name} must be a {enum.__name__}")
+        if (self.seq_token_counts or self.request_ids) and self.kind is not StageKind.generation:
+            raise ValueError(f"spec of stage {self.name}: generation kwargs on a {self.kind.value} stage")
+        # Sorted here; a key listed twice is the user's finding (buffers.gpu_resident), not this.
+        if list(self.gpu_resident_keys) != sorted(self.gpu_resident_keys):
+            raise ValueError(f"spec of stage {self.name}: gpu_resident_keys must be sorted")
 
     @property
     def producer(self) -> bool:
@@ -573,7 +573,7 @@ def _stage_spec(model: ModelConf, name: str, stage: Any, *, is_last: bool, findi
         final_output=stage.final_output,
         next_stage_input=stage.next_stage_input,
         full_payload=stage.full_payload,
-        transport=stage.transport.value,
+        transport=stage.transport,
         publish=tuple(stage.publish),
         input_function=stage.input_function,
         devices=stage.devices,
@@ -691,7 +691,7 @@ def _check_serving_keys(stage: Any, key: str, add: Any) -> None:
             )
     if len(set(stage.publish)) != len(stage.publish):
         add(f"{key}.publish", f"{list(stage.publish)} names a key twice; name each once")
-    if stage.transport.value != "inline" and stage.next_stage_input is None:
+    if stage.transport is not Transport.inline and stage.next_stage_input is None:
         add(
             f"{key}.transport",
             f"{stage.transport.value}, but the stage feeds no next stage (next_stage_input is null); "

@@ -34,11 +34,11 @@ from collections.abc import Coroutine, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from omnigen import api
+from omnigen import built
+from omnigen.built import SCHEDULER_CLS, BuiltModel, BuiltStage
 from omnigen.glue.registry import UnknownGlueError
 from omnigen.glue.registry import resolve as resolve_glue
 from omnigen.glue.types import GlueError, NextStageInput, StageResult
-from omnigen.plan import SCHEDULER_CLS, ModelPlan, StagePlan
 from omnigen.runtime import transport as transports
 from omnigen.runtime.serialization import INLINE_PAYLOAD_KEY
 from omnigen.serving.client import stage_payload
@@ -93,7 +93,7 @@ class Carried:
 class StageRuntime:
     """A stage's engine and what the driver needs to talk to it."""
 
-    plan: StagePlan
+    plan: BuiltStage
     engine: Any
     glue_name: str | None = None
     """The glue of the edge to the next stage: this stage's ``next_stage_input``, or the next
@@ -106,7 +106,7 @@ class StageRuntime:
 class Pipeline:
     """Every stage of a model, in order; see the module docstring."""
 
-    def __init__(self, plan: ModelPlan, stages: list[StageRuntime], mode: str) -> None:
+    def __init__(self, plan: BuiltModel, stages: list[StageRuntime], mode: str) -> None:
         self.plan = plan
         self.stages = stages
         self.mode = mode
@@ -152,19 +152,22 @@ class Pipeline:
     @classmethod
     def from_model(
         cls,
-        model: str,
+        model: str | BuiltModel,
         stage_models: Mapping[str, str],
         *,
         mode: str = "inproc",
         engine_kwargs: Mapping[str, Mapping[str, Any]] | None = None,
-        overrides: Sequence[str] = (),
         ray: Mapping[str, Any] | None = None,
     ) -> Pipeline:
         """Start one engine per stage of ``model`` (``stage_models``: stage -> model path);
-        ``ray``: the ``serve.ray`` settings of ``mode='ray'`` (its cluster, replicas, resources)."""
+        ``ray``: the ``serve.ray`` settings of ``mode='ray'`` (its cluster, replicas, resources).
+
+        ``model``: a model name, served as its built package has it (``omnigen.built.load``), or
+        a ``BuiltModel`` (``omnigen.api.served_model(name, overrides)`` for a variant)."""
         if mode not in MODES:
             raise ValueError(f"unknown pipeline mode {mode!r}; choose one of: {', '.join(MODES)}")
-        plan = api.model_plan(model, overrides)
+        plan = built.load(model) if isinstance(model, str) else model
+        model = plan.name
         missing = [s.stage for s in plan.stages if s.stage not in stage_models]
         if missing:
             raise ValueError(f"{model}: no model path for stage(s) {missing}; give stage_models[stage]")
@@ -176,7 +179,7 @@ class Pipeline:
         if mode == "ray":
             from omnigen.serving import ray_stages
 
-            cluster, engines = ray_stages.start_pipeline(plan, stage_models, engine_kwargs, overrides, ray)
+            cluster, engines = ray_stages.start_pipeline(plan, stage_models, engine_kwargs, ray)
         try:
             for index, stage in enumerate(plan.stages):
                 glue = _edge_glue(plan, index)
@@ -192,7 +195,7 @@ class Pipeline:
                         mode,
                         stage_models[stage.stage],
                     )
-                    engine = _start_engine(stage, stage_models[stage.stage], kwargs, mode, overrides)
+                    engine = _start_engine(stage, stage_models[stage.stage], kwargs, mode)
                     log.info(
                         "%s: %s engine ready in %.1f s", model, stage.stage, time.perf_counter() - started
                     )
@@ -494,7 +497,7 @@ def stage_result(
     )
 
 
-def _check_mode_keys(plan: ModelPlan, mode: str, ray: Mapping[str, Any] | None) -> None:
+def _check_mode_keys(plan: BuiltModel, mode: str, ray: Mapping[str, Any] | None) -> None:
     """What only ``mode='ray'`` reads is refused in another mode, never ignored."""
     if mode == "ray":
         return
@@ -524,7 +527,7 @@ def _glue_function(name: str) -> Any:
             ) from exc
 
 
-def _edge_glue(plan: ModelPlan, index: int) -> str | None:
+def _edge_glue(plan: BuiltModel, index: int) -> str | None:
     """The glue function of the edge from stage ``index`` to the next (None for the last)."""
     if index + 1 >= len(plan.stages):
         return None
@@ -543,7 +546,7 @@ def _edge_glue(plan: ModelPlan, index: int) -> str | None:
 AUDIO_KEYS = ("audio", "model_outputs")
 
 
-def _audio_of(plan: StagePlan, payload: Mapping[str, Any], request_id: str) -> Any:
+def _audio_of(plan: BuiltStage, payload: Mapping[str, Any], request_id: str) -> Any:
     """The audio samples of a final audio stage: its first published key, else a known audio key."""
     keys = list(plan.published_keys or ()) or list(AUDIO_KEYS)
     for key in keys:
@@ -562,17 +565,15 @@ def _drop(handle: dict[str, Any]) -> None:
             transports.transport_for_handle(handle).release(handle)
 
 
-def _engine_args(
-    stage: StagePlan, model_path: str, kwargs: dict[str, Any], overrides: Sequence[str]
-) -> dict[str, Any]:
+def _engine_args(stage: BuiltStage, model_path: str, kwargs: dict[str, Any]) -> dict[str, Any]:
     args = dict(kwargs)
     args["model"] = model_path
-    args.setdefault("worker_cls", api.worker_cls_name(stage.model, stage.stage, overrides))
+    args.setdefault("worker_cls", stage.worker_cls)
     args.setdefault("scheduler_cls", SCHEDULER_CLS)
     return args
 
 
-def _register_declared_classes(plan: ModelPlan) -> None:
+def _register_declared_classes(plan: BuiltModel) -> None:
     """Register the model's declared classes here (the engine config is created in this
     process); the engines' own processes register them through omnigen's plugin."""
     from omnigen import models
@@ -583,7 +584,7 @@ def _register_declared_classes(plan: ModelPlan) -> None:
         raise PipelineError(str(exc)) from exc
 
 
-def _plugin_environment(stage: StagePlan) -> dict[str, str]:
+def _plugin_environment(stage: BuiltStage) -> dict[str, str]:
     """What every vLLM process of a stage's engine needs to load the stage's classes: omnigen's
     plugin, told which model's classes to register; and no other plugin unless the user chose
     some (vllm-omni's would import its package, whose patch replaces vLLM's request classes)."""
@@ -598,20 +599,19 @@ def _plugin_environment(stage: StagePlan) -> dict[str, str]:
     }
 
 
-def _start_engine(
-    stage: StagePlan, model_path: str, kwargs: dict[str, Any], mode: str, overrides: Sequence[str]
-) -> Any:
-    args = _engine_args(stage, model_path, kwargs, overrides)
+def _start_engine(stage: BuiltStage, model_path: str, kwargs: dict[str, Any], mode: str) -> Any:
+    args = _engine_args(stage, model_path, kwargs)
     plugin_env = _plugin_environment(stage)
     if mode == "inproc":
         from vllm import LLM
 
         with _environment(VLLM_ENABLE_V1_MULTIPROCESSING="0", **plugin_env):
             return LLM(**args)
-    if overrides:
+    if stage.in_memory:
         raise ValueError(
-            "mode='mp' starts each engine core in a process of its own, which imports the committed "
-            "generated workers: build the overrides into conf/ (or use mode='inproc')"
+            f"mode='mp' starts each engine core in a process of its own, which imports the built "
+            f"package, and the overrides change {stage.model}'s generated {stage.model}/{stage.stage}.py: "
+            f"build them into conf/ (omnigen build model={stage.model}), or use mode='inproc'"
         )
     from vllm.engine.arg_utils import AsyncEngineArgs
     from vllm.v1.engine.async_llm import AsyncLLM

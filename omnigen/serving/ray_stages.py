@@ -75,7 +75,7 @@ class ReplicaDied(EngineDeadError):
 
 @dataclass(frozen=True)
 class StagePlacement:
-    """``serve.ray.replica`` merged with ``serve.ray.stages.STAGE`` (omnigen/schema.py: RayStageConf)."""
+    """``serve.ray.replica`` merged with ``serve.ray.stages.STAGE`` (omnigen/serve_schema.py: RayStageConf)."""
 
     replicas: int = 1
     num_cpus: float = 1.0
@@ -87,7 +87,7 @@ class StagePlacement:
 
 @dataclass(frozen=True)
 class RayOptions:
-    """``serve.ray`` (omnigen/schema.py: RayConf), each stage's placement merged."""
+    """``serve.ray`` (omnigen/serve_schema.py: RayConf), each stage's placement merged."""
 
     address: str | None = None
     namespace: str = "omnigen"
@@ -291,7 +291,6 @@ def start_pipeline(
     plan: Any,
     stage_models: Mapping[str, str],
     engine_kwargs: Mapping[str, Mapping[str, Any]],
-    overrides: Sequence[str],
     ray: Mapping[str, Any] | RayOptions | None,
 ) -> tuple[RayCluster, dict[str, RayStage]]:
     """Connect to Ray and start every stage's replicas (``Pipeline.from_model`` in ray mode)."""
@@ -310,9 +309,14 @@ def start_pipeline(
                 f"model.stages.{stage.stage}.devices: {stage.devices!r}; in serve.mode=ray Ray assigns "
                 f"each replica its devices: drop it and set serve.ray.stages.{stage.stage}.num_gpus"
             )
+        if stage.in_memory:
+            raise RayModeError(
+                f"the overrides change {plan.name}'s generated {plan.name}/{stage.stage}.py, and each Ray "
+                f"replica imports the built package: build the change into conf/ (omnigen build "
+                f"model={plan.name}), or use serve.mode=inproc"
+            )
         kwargs = dict(engine_kwargs.get(stage.stage, {}))
-        kwargs.setdefault("worker_cls", committed_worker_cls(plan.name, stage.stage, overrides))
-        args[stage.stage] = _engine_args(stage, stage_models[stage.stage], kwargs, ())
+        args[stage.stage] = _engine_args(stage, stage_models[stage.stage], kwargs)
         env[stage.stage] = _plugin_environment(stage)
     cluster = RayCluster.connect(options)
     try:
@@ -320,43 +324,6 @@ def start_pipeline(
     except BaseException:
         cluster.close()
         raise
-
-
-def committed_worker_cls(model: str, stage: str, overrides: Sequence[str]) -> str:
-    """The committed generated worker of ``stage`` (what a replica on any node imports). Overrides
-    are fine where they leave every generated module of the model as committed (a serving key
-    such as an edge's transport); others need a build into conf/ first, as in mp mode."""
-    import importlib.util
-    from pathlib import Path
-
-    from omnigen import api, pipeline
-    from omnigen.plan import COMMITTED_PACKAGE
-
-    name = api.worker_cls_name(model, stage)
-    if not overrides:
-        return name
-    files = pipeline.model_files(api.model_plan(model, overrides), tuple(overrides))
-    spec = importlib.util.find_spec(COMMITTED_PACKAGE)
-    root = Path(next(iter(spec.submodule_search_locations))) if spec is not None else None
-    for path, source in files.items():
-        committed = root / path if root is not None else None
-        if path.endswith(".py") and (
-            committed is None or not committed.is_file() or _code(committed.read_text()) != _code(source)
-        ):
-            raise RayModeError(
-                f"overrides {list(overrides)} change {model}'s generated {path}, and each Ray replica "
-                f"imports the committed one: build the change into conf/ (omnigen build model={model}), "
-                "or use serve.mode=inproc"
-            )
-    return name
-
-
-def _code(source: str) -> str:
-    """A generated module less its header comment (which names the overrides it was built with)."""
-    lines = source.splitlines()
-    while lines and lines[0].startswith("#"):
-        lines.pop(0)
-    return "\n".join(lines)
 
 
 def check_shm_edges(plan: Any) -> None:

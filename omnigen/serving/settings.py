@@ -23,7 +23,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from omnigen.plan import ModelPlan
+from omnigen.built import BuiltModel
 from omnigen.requests.base import BuiltRequest, ChatInput, RequestBuilder, RequestError, SpeechInput
 
 SYNTHETIC_PREFIX = "synthetic:"
@@ -74,7 +74,7 @@ class Settings:
     """``serve.ray`` in ``serve.mode=ray`` (checked), else None."""
 
 
-def read_settings(cfg: DictConfig, plan: ModelPlan) -> Settings:
+def read_settings(cfg: DictConfig, plan: BuiltModel) -> Settings:
     serve = OmegaConf.to_container(cfg.serve, resolve=True)
     assert isinstance(serve, dict)
     stages = [s.stage for s in plan.stages]
@@ -137,7 +137,7 @@ def read_settings(cfg: DictConfig, plan: ModelPlan) -> Settings:
     )
 
 
-def _stage_key_problems(serve: dict[str, Any], plan: ModelPlan) -> list[str]:
+def _stage_key_problems(serve: dict[str, Any], plan: BuiltModel) -> list[str]:
     stages = [s.stage for s in plan.stages]
     problems = []
     for stage in stages:
@@ -154,9 +154,9 @@ def _stage_key_problems(serve: dict[str, Any], plan: ModelPlan) -> list[str]:
     return problems
 
 
-def _ray_problems(serve: dict[str, Any], plan: ModelPlan) -> list[str]:
+def _ray_problems(serve: dict[str, Any], plan: BuiltModel) -> list[str]:
     """``serve.ray`` is read in ``serve.mode=ray`` only: set in another mode it is refused."""
-    from omnigen.schema import RayConf
+    from omnigen.serve_schema import RayConf
 
     if _enum_value(serve["mode"]) != "ray":
         default = OmegaConf.to_container(OmegaConf.structured(RayConf))
@@ -192,7 +192,7 @@ def _sampling_problems(sampling: dict[str, Any]) -> list[str]:
     return problems
 
 
-def _engine_kwargs(serve: dict[str, Any], plan: ModelPlan, stage: str) -> dict[str, Any]:
+def _engine_kwargs(serve: dict[str, Any], plan: BuiltModel, stage: str) -> dict[str, Any]:
     kwargs = {**serve["engine"], **serve["stage_engine"].get(stage, {})}
     arch = plan.stage(stage).arch
     if plan.stage(stage).model_class is not None and plan.checkpoint.model_type is not None:
@@ -208,7 +208,7 @@ def _enum_value(value: Any) -> str:
     return str(getattr(value, "value", value))
 
 
-def _stage_models(serve: dict[str, Any], plan: ModelPlan) -> dict[str, str]:
+def _stage_models(serve: dict[str, Any], plan: BuiltModel) -> dict[str, str]:
     """Each stage's model path; ``synthetic:VARIANT`` paths written once, to one scratch folder."""
     values = {s.stage: _stage_model(serve, s.stage) for s in plan.stages}
     if not any(value.startswith(SYNTHETIC_PREFIX) for value in values.values()):
@@ -218,7 +218,7 @@ def _stage_models(serve: dict[str, Any], plan: ModelPlan) -> dict[str, str]:
     return {stage: _model_path(value, stage, plan, scratch) for stage, value in values.items()}
 
 
-def _model_path(value: str, stage: str, plan: ModelPlan, scratch: Path) -> str:
+def _model_path(value: str, stage: str, plan: BuiltModel, scratch: Path) -> str:
     if not value.startswith(SYNTHETIC_PREFIX):
         return value
     variant = value.removeprefix(SYNTHETIC_PREFIX)
@@ -241,7 +241,7 @@ def _model_path(value: str, stage: str, plan: ModelPlan, scratch: Path) -> str:
         raise SettingsError(f"serve.models.{stage}: {value!r}: {exc}") from exc
 
 
-def _request_builder(plan: ModelPlan, checkpoint: str, max_tokens: int) -> RequestBuilder | None:
+def _request_builder(plan: BuiltModel, checkpoint: str, max_tokens: int) -> RequestBuilder | None:
     path = plan.checkpoint.request_builder
     if path is None:
         if plan.checkpoint.provider is not None:
@@ -371,7 +371,7 @@ def prompt_of(settings: Settings, text: str | None, token_ids: list[int] | None)
 
 def sampling_of(
     settings: Settings,
-    plan: ModelPlan,
+    plan: BuiltModel,
     seed: int | None,
     max_tokens: int | None = None,
     first_stage: dict[str, Any] | None = None,
@@ -424,7 +424,7 @@ def sampling_of(
     return found
 
 
-def _stream_setting(stream: bool, plan: ModelPlan) -> bool:
+def _stream_setting(stream: bool, plan: BuiltModel) -> bool:
     """``serve.stream`` needs a streaming edge into the audio stage: refused otherwise, never ignored."""
     if stream and not any(stage.stream is not None for stage in plan.stages):
         raise SettingsError(

@@ -52,7 +52,7 @@ from omnigen.serving.pipeline import (
     _glue_function,
     stage_result,
 )
-from omnigen.spec import StreamSpec
+from omnigen.streams import StreamSpec
 
 DEFAULT_AHEAD = 4
 """Windows a request may have decoding or waiting for its reader at once."""

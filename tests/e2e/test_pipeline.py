@@ -104,15 +104,15 @@ def check_released_inproc(pipeline: Any) -> None:
 
 @pytest.fixture(scope="module")
 def inproc(tiny_engine_env, stage_models):
+    from omnigen import api
     from omnigen.serving.pipeline import Pipeline
 
     # The committed config sends the payload through shared memory; this run, inline.
     pipeline = Pipeline.from_model(
-        "omnigen_tiny",
+        api.served_model("omnigen_tiny", ["model.stages.talker.transport=inline"]),
         stage_models,
         mode="inproc",
         engine_kwargs={"talker": ENGINE, "code2wav": ENGINE},
-        overrides=["model.stages.talker.transport=inline"],
     )
     yield pipeline
     pipeline.close()

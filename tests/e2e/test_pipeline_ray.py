@@ -111,16 +111,16 @@ def cluster(tiny_engine_env):
 
 @pytest.fixture(scope="module")
 def on_cluster(cluster, stage_models):  # noqa: F811
+    from omnigen import api
     from omnigen.serving.pipeline import Pipeline
 
     ray_cluster, *_ = cluster
     pipeline = Pipeline.from_model(
-        "omnigen_tiny",
+        api.served_model("omnigen_tiny", ["model.stages.talker.transport=ray"]),
         stage_models,
         mode="ray",
         engine_kwargs={"talker": ENGINE, "code2wav": ENGINE},
         # The committed edge is shm (one machine): across nodes, Ray's object store.
-        overrides=["model.stages.talker.transport=ray"],
         ray={
             "address": ray_cluster.address,
             "env_vars": {"VLLM_CPU_KVCACHE_SPACE": 1},

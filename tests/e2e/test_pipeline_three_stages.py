@@ -164,16 +164,19 @@ def _record(worker: Any) -> dict[str, Any]:
 
 @pytest.fixture(scope="class")
 def inproc(tiny_engine_env, stage_models):
+    from omnigen import api
     from omnigen.serving.pipeline import Pipeline
 
     pipeline = Pipeline.from_model(
-        "omnigen_tiny_omni",
+        api.served_model(
+            "omnigen_tiny_omni",
+            ["model.stages.thinker.transport=shm", "model.stages.talker.transport=inline"],
+        ),
         stage_models,
         mode="inproc",
         engine_kwargs=ENGINES,
         # The committed config: thinker -> talker inline, talker -> code2wav in shared memory.
         # Swapped here, so each edge runs each transport in one of the two modes.
-        overrides=["model.stages.thinker.transport=shm", "model.stages.talker.transport=inline"],
     )
     yield pipeline
     pipeline.close()

@@ -16,6 +16,7 @@ import httpx
 import pytest
 import torch
 
+from omnigen import api
 from omnigen import pipeline as omnigen_pipeline
 from omnigen.glue import qwen3_omni as glue
 from omnigen.glue.types import next_prompt_bound
@@ -74,7 +75,7 @@ class AnsweringPipeline:
 def _app(model: str, overrides: list[str]):
     overrides = serve_overrides(model, overrides)
     cfg = omnigen_pipeline.compose_config(model, overrides)
-    plan = omnigen_pipeline.plan_from_config(cfg, model, overrides)
+    plan = api.served_model(model, overrides)
     fake = AnsweringPipeline(plan)
     return make_app(fake, read_settings(cfg, plan)), fake
 

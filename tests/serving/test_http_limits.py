@@ -11,6 +11,7 @@ import httpx
 import pytest
 import torch
 
+from omnigen import api
 from omnigen import pipeline as omnigen_pipeline
 from omnigen.pipeline_commands import serve_overrides
 from omnigen.serving.http import make_app
@@ -55,7 +56,7 @@ def app_and_pipeline():
         ["serve.max_concurrent_requests=2", "serve.max_queued_requests=1", "serve.request_timeout_s=30"],
     )
     cfg = omnigen_pipeline.compose_config("omnigen_tiny", overrides)
-    plan = omnigen_pipeline.plan_from_config(cfg, "omnigen_tiny", overrides)
+    plan = api.served_model("omnigen_tiny", overrides)
     held = HeldPipeline(plan)
     return make_app(held, read_settings(cfg, plan)), held
 

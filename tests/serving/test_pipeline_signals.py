@@ -12,7 +12,7 @@ from omnigen.serving.pipeline import Pipeline
 
 
 def empty_pipeline(closed: list[str]) -> Pipeline:
-    pipe = Pipeline(api.model_plan("omnigen_tiny"), [], "inproc")
+    pipe = Pipeline(api.served_model("omnigen_tiny"), [], "inproc")
     pipe.close = lambda: closed.append("closed")  # the engines' shutdown is the e2e tests' part
     return pipe
 

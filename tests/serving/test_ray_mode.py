@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from omnigen import pipeline
+from omnigen import api, pipeline
 from omnigen.pipeline_commands import serve_overrides
 from omnigen.serving.settings import SettingsError, read_settings
 
@@ -19,7 +19,7 @@ from omnigen.serving.settings import SettingsError, read_settings
 def _settings(overrides: list[str]):
     overrides = serve_overrides("omnigen_tiny", overrides)
     cfg = pipeline.compose_config("omnigen_tiny", overrides)
-    return read_settings(cfg, pipeline.plan_from_config(cfg, "omnigen_tiny", overrides))
+    return read_settings(cfg, api.served_model("omnigen_tiny", overrides))
 
 
 def test_importing_omnigen_does_not_import_ray():
@@ -108,26 +108,33 @@ def test_the_ray_transport_outside_ray_mode_names_the_key():
 
     with pytest.raises(ValueError, match=r"model.stages.talker.transport: ray .* set serve.mode=ray"):
         Pipeline.from_model(
-            "omnigen_tiny",
+            api.served_model("omnigen_tiny", ["model.stages.talker.transport=ray"]),
             {"talker": "unused", "code2wav": "unused"},
             mode="mp",
-            overrides=["model.stages.talker.transport=ray"],
         )
     with pytest.raises(ValueError, match=r"serve.ray\) is read in mode='ray' only"):
         Pipeline.from_model("omnigen_tiny", {"talker": "x", "code2wav": "y"}, mode="inproc", ray={})
 
 
 def test_overrides_that_keep_the_generated_workers_are_taken_others_refused():
-    from omnigen.serving.ray_stages import RayModeError, committed_worker_cls
+    from omnigen.serving.pipeline import Pipeline
+    from omnigen.serving.ray_stages import RayModeError
 
-    # An edge's transport is a serving key: the committed worker serves it.
-    assert committed_worker_cls("omnigen_tiny", "talker", ["model.stages.talker.transport=ray"]) == (
-        "omnigen.generated.omnigen_tiny.talker.OmnigenTinyTalkerWorker"
-    )
+    # An edge's transport is a serving key: the committed worker serves it, in every mode.
+    kept = api.served_model("omnigen_tiny", ["model.stages.talker.transport=ray"])
+    assert kept.stage("talker").transport == "ray" and not kept.stage("talker").in_memory
+    assert kept.stage("talker").worker_cls == "omnigen.generated.omnigen_tiny.talker.OmnigenTinyTalkerWorker"
+    # The model's sampler changes the talker's generated module: a variant of this process only.
+    variant = api.served_model("omnigen_tiny", ["model.stages.talker.sampler=model"])
+    assert variant.stage("talker").in_memory and not variant.stage("code2wav").in_memory
+    assert variant.stage("talker").worker_cls.startswith("omnigen._variants.omnigen_tiny.talker_")
+    models = {"talker": "unused", "code2wav": "unused"}
     with pytest.raises(
         RayModeError, match=r"change omnigen_tiny's generated omnigen_tiny/talker.py.*omnigen build"
     ):
-        committed_worker_cls("omnigen_tiny", "talker", ["model.stages.talker.sampler=model"])
+        Pipeline.from_model(variant, models, mode="ray", ray={"address": "127.0.0.1:1"})
+    with pytest.raises(ValueError, match=r"generated omnigen_tiny/talker.py: build them into conf/"):
+        Pipeline.from_model(variant, models, mode="mp")
 
 
 def test_a_ray_handle_is_refused_without_ray_and_by_the_other_transports():

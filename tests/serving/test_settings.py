@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from omnigen import pipeline
+from omnigen import api, pipeline
 from omnigen.pipeline_commands import serve_overrides
 from omnigen.serving.settings import SettingsError, read_settings, sampling_of
 
@@ -13,7 +13,7 @@ from omnigen.serving.settings import SettingsError, read_settings, sampling_of
 def _settings(model: str, overrides: list[str]):
     overrides = serve_overrides(model, overrides)
     cfg = pipeline.compose_config(model, overrides)
-    return read_settings(cfg, pipeline.plan_from_config(cfg, model, overrides)), overrides
+    return read_settings(cfg, api.served_model(model, overrides)), overrides
 
 
 @pytest.fixture()
@@ -84,7 +84,7 @@ def test_per_stage_sampling_then_the_builder_then_the_request(checkpoint):
     settings, _ = _settings(
         "qwen3_tts", [f"serve.checkpoint={checkpoint}", "serve.sampling.qwen3_tts.top_k=7"]
     )
-    plan = pipeline.model_plan("qwen3_tts")
+    plan = api.served_model("qwen3_tts")
     found = sampling_of(settings, plan, seed=5, max_tokens=9, first_stage={"stop_token_ids": [150]})
     talker = found["qwen3_tts"]
     assert (talker.temperature, talker.top_k, talker.min_tokens, talker.repetition_penalty) == (
@@ -158,6 +158,6 @@ def test_requests_the_engines_cannot_run_here_or_files_outside_the_allowed_folde
 
 def test_a_budget_under_the_floor_lowers_the_floor(checkpoint):
     settings, _ = _settings("qwen3_tts", [f"serve.checkpoint={checkpoint}"])
-    talker = sampling_of(settings, pipeline.model_plan("qwen3_tts"), seed=None, max_tokens=1)["qwen3_tts"]
+    talker = sampling_of(settings, api.served_model("qwen3_tts"), seed=None, max_tokens=1)["qwen3_tts"]
     assert (talker.max_tokens, talker.min_tokens) == (1, 1)
     assert settings.builder.default_max_tokens == 4096
