@@ -1,5 +1,12 @@
 """Wall time of omnigen commands, this checkout against another commit, interleaved in one run.
 
+Measures: wall time of omnigen's CLI commands (``--help``, a build, a sweep build, ``explain``,
+  ``check``), each a fresh process.
+Baseline: the same commands from the commit given by ``--baseline`` (its tracked files, run with
+  this venv's Python).
+Takes: about half a minute a repeat (ten commands of 1-4 s each), 2-4 minutes with ``--repeats 5``.
+Writes: a table of medians and ratios to stdout; no data file.
+
     .venv/bin/python benchmarks/cli.py --baseline a96bc38 --repeats 5
 
 The baseline is the commit's tracked files (``git archive``) in a temporary folder, run with this
@@ -52,7 +59,9 @@ def _time(tree: Path, args: list[str], tmp: Path) -> float:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--baseline", required=True, help="a commit, e.g. the merge base")
     parser.add_argument("--repeats", type=int, default=5)
     args = parser.parse_args()

@@ -1,5 +1,12 @@
 """Engine-level cost of a decode step: vLLM's engine on CPU with a tiny real Qwen3-TTS talker.
 
+Measures: decode-step wall time and tokens/s through vLLM's ``LLM`` engine on CPU, tiny real
+  Qwen3-TTS talker.
+Baseline: vllm-omni 0.30's runner on the same engine (``oracle``) and plain vLLM (``vllm``, the floor).
+Takes: several minutes: a fresh engine start per side and round (three sides, ``--rounds``).
+Writes: a table of ratios to stdout; no data file (each side's process hands its figures back
+  through a temporary file).
+
 The same tiny checkpoint (vllm-omni 0.30's ``Qwen3TTSTalkerForConditionalGeneration``, built as
 testing/real/cases/qwen3_tts_talker.py builds it: 1 layer, hidden 128, M-RoPE, bf16, dummy
 weights) runs through vLLM's ``LLM`` engine in process, once per side, each side in a process of
@@ -163,7 +170,9 @@ def _count_predictor_rows(engine) -> list[int]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 32])
     parser.add_argument("--max-tokens", type=int, default=32)
     parser.add_argument("--rounds", type=int, default=1)

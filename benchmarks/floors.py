@@ -1,8 +1,17 @@
-"""The least a CPython runner can spend per request on what the contract requires, against each
-batched target of issue 12 (host cost of a decode step).
+"""``benchmarks/host_cost.py floors``: the least a CPython runner can spend per request on what the
+contract requires, against each batched target of issue 12 (host cost of a decode step).
 
-    .venv/bin/python benchmarks/floors.py                      # B = 256, every cell with a batched target
-    .venv/bin/python benchmarks/floors.py --batch 128 --cells plain
+Measures: the tightest loop for each clause's per-request work, timed (thread CPU time, the least
+  of ``--repeats``), and omnigen's own code for the same work.
+Baseline: vllm-omni 0.30's runner in the same run: a target's budget is its ratio times that time.
+Takes: about 2-3 minutes for the four batched cells at B = 256 with ``--repeats 1 --steps 2``
+  (what scripts/test runs), several times that with the default 5 repeats and 8 steps.
+Writes: three tables to stdout (the verdicts, each floor, omnigen's code for the same work); with
+  ``--json PATH`` a row a cell and batch size to a data file.
+
+    .venv/bin/python benchmarks/host_cost.py floors                 # B = 256, every cell with a batched target
+    .venv/bin/python benchmarks/host_cost.py floors --batch 128 --cells plain
+    .venv/bin/python benchmarks/host_cost.py floors --repeats 1 --steps 2   # the CI run (scripts/test)
 
 A floor is the tightest loop that does one clause's per-request work for the B requests of a
 steady-state decode step of a cell, on the benchmark's own objects (the generated runner's
@@ -26,7 +35,7 @@ benchmark measures, the model's hooks returning at once (a hook's own time is no
 and they leave work out rather than add any (the journal's does not look at the mirrors, no
 floor counts the step's fixed costs or the GC): an "out of reach" holds, a "within reach" is
 optimistic: timed alone, a floor runs in caches its own loop keeps warm. (Timed as a lane taking
-turns with the runners a step at a time, as ``host_overhead --cold-caches`` runs them, a floor's
+turns with the runners a step at a time, as ``host_cost.py wall --cold-caches`` runs them, a floor's
 Python loops over cold buffers came out slower than omnigen's C-level passes: 6.1 µs a request
 against 4.3-5.3 for qwen3_tts at B = 256, so a floor timed that way bounds nothing.) The same
 bound against ``MARGINAL_TARGET`` answers the marginal-cost target.
@@ -37,31 +46,21 @@ from __future__ import annotations
 import argparse
 import contextlib
 import gc
-import os
 import statistics
-import sys
 import timeit
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-# vllm-omni (the baseline) is installed beside omnigen: keep its vLLM plugin from patching vLLM.
-os.environ.setdefault("VLLM_PLUGINS", "omnigen")
-# omnigen's plugin registers the tiny test models these runs build (omnigen.models).
-os.environ.setdefault("OMNIGEN_MODELS", "omnigen_tiny,omnigen_tiny_omni")
+import torch
+from rich import box
+from rich.console import Console
+from rich.table import Table
 
-import torch  # noqa: E402
-from rich import box  # noqa: E402
-from rich.console import Console  # noqa: E402
-from rich.table import Table  # noqa: E402
-
-from benchmarks import host_overhead  # noqa: E402
-from benchmarks.host_overhead import CELLS  # noqa: E402
-from omnigen.runtime import buffers, mtp, phases  # noqa: E402
-from omnigen_testing.oracle import harness  # noqa: E402
+from benchmarks import host_overhead
+from benchmarks.host_overhead import CELLS
+from omnigen.runtime import buffers, mtp, phases
+from omnigen_testing.oracle import harness
 
 TARGETS = {"tts_mtp": 0.12, "tts_mtp_seeded": 0.12, "plain": 0.2, "omni_talker": 0.35}
 """Issue 12's ratio targets at B = 256 for the batched cells (omnigen / vllm-omni)."""
@@ -625,7 +624,7 @@ def _return_at_once(*args: Any, **kwargs: Any) -> None:
     return None
 
 
-def run(cells: list[str], batch: int, repeats: int, steps: int) -> list[dict[str, Any]]:
+def floors_at(cells: list[str], batch: int, repeats: int, steps: int) -> list[dict[str, Any]]:
     """Each cell's floors, vllm-omni's and omnigen's µs per request and its budget, at ``batch``.
 
     In every repeat the floors are timed and then both runners measured, so the floors and the
@@ -741,18 +740,25 @@ def report(results: list[dict[str, Any]], batch: int, console: Console) -> None:
     )
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--batch", type=int, default=256)
-    parser.add_argument("--cells", nargs="+", choices=list(TARGETS), default=list(TARGETS))
-    parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--steps", type=int, default=8, help="steps of each vllm-omni / omnigen measurement")
-    host_overhead.add_step_mode_argument(parser)
-    args = parser.parse_args()
-    host_overhead.set_step_mode(args)
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """``host_cost.py floors``'s own switches (``--cells``, ``--batch``, ``--steps``, ``--json`` and
+    ``--outside-inference-mode`` are every mode's: ``host_cost.common_arguments``)."""
+    parser.set_defaults(cells=list(TARGETS), batch=[256], steps=8)
+    parser.add_argument("--repeats", type=int, default=5, help="timings of each floor (the least is kept)")
+
+
+def run(args: argparse.Namespace) -> list[dict[str, Any]]:
+    """``host_cost.py floors``: at each ``--batch``, each cell's floors and both runners (rows)."""
+    unknown = [cell for cell in args.cells if cell not in TARGETS]
+    if unknown:
+        raise SystemExit(
+            f"host_cost.py floors: no batched target for {', '.join(unknown)}; the cells with one: "
+            f"{', '.join(TARGETS)}"
+        )
     console = Console(width=200)
-    report(run(args.cells, args.batch, args.repeats, args.steps), args.batch, console)
-
-
-if __name__ == "__main__":
-    main()
+    rows = []
+    for batch in args.batch:
+        results = floors_at(args.cells, batch, args.repeats, args.steps)
+        report(results, batch, console)
+        rows += [{"batch": batch, **result} for result in results]
+    return rows

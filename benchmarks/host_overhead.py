@@ -1,4 +1,5 @@
-"""Host cost of a decode step's ``_preprocess``: omnigen's generated runner vs vllm-omni 0.30's.
+"""``benchmarks/host_cost.py wall``: thread CPU time of a decode step's ``_preprocess``, omnigen's
+generated runner against vllm-omni 0.30's (the baseline), interleaved in one process.
 
 Both runners are driven side by side in one process, interleaved (oracle, omnigen, oracle, ...),
 through the same steady-state steps with the same dummy model (tests/oracle: both runners call
@@ -8,12 +9,20 @@ unwrapped; their time is measured apart, by replaying the calls a run of the sam
 ``_preprocess`` (vLLM's base ``_preprocess`` included, for both), per request per step.
 Medians over repeats; the ratios are the result (the machine is shared).
 
-    .venv/bin/python benchmarks/host_overhead.py                 # the full table, B in 1..256
-    .venv/bin/python benchmarks/host_overhead.py --short         # the CI figure (scripts/test)
-    .venv/bin/python benchmarks/host_overhead.py --profile tts_mtp --batch 256   # cProfile, by function
-    .venv/bin/python benchmarks/host_overhead.py --clauses --batch 256 --repeats 5   # each contract mechanism's cost
-    .venv/bin/python benchmarks/host_overhead.py --hook-timing-check --batch 256 --repeats 7   # replayed vs per-call hook timing
-    .venv/bin/python benchmarks/host_overhead.py --collections --batch 256   # garbage collections per runner
+Measures: this thread's CPU time in ``_preprocess`` per request per step, hooks timed apart.
+Baseline: vllm-omni 0.30's runner on the same steps, interleaved in the same run (the ratio).
+Takes: about 3 minutes with ``--short`` (B 1, 32, 256, 4 steps, 3 repeats: the figure
+  scripts/test prints, never a gate), far longer for the full table (B in 1..256, both shapes,
+  5 repeats, at least 4096 request-steps a figure: tens of minutes or more, not timed here).
+Writes: the table to stdout; with ``--json PATH`` its rows to a data file.
+
+    .venv/bin/python benchmarks/host_cost.py wall                 # the full table, B in 1..256
+    .venv/bin/python benchmarks/host_cost.py wall --short         # the CI figure (scripts/test)
+    .venv/bin/python benchmarks/host_cost.py wall --profile tts_mtp --batch 256   # cProfile, by function
+    .venv/bin/python benchmarks/host_cost.py wall --clauses --batch 256 --repeats 5   # each contract mechanism's cost
+    .venv/bin/python benchmarks/host_cost.py wall --ablate host_layout --batch 256    # omnigen without one mechanism
+    .venv/bin/python benchmarks/host_cost.py wall --hook-timing-check --batch 256 --repeats 7   # replayed vs per-call hook timing
+    .venv/bin/python benchmarks/host_cost.py wall --collections --batch 256   # garbage collections per runner
 
 Cells (``CELLS``): batched decode + MTP (qwen3_tts, unseeded and every row seeded), plain
 batched decode (the 3-tuple hook, on the Higgs talker as the differential tests run it),
@@ -23,6 +32,12 @@ of ``PREFILL_CHUNK`` tokens, so decode runs are split and per-row hooks run amon
 Every repeat runs every batch size and runner (``measure_batches``: a block each, in a drawn
 order; ``--cold-caches``: a step at a time). The marginal cost is the slope between the two
 largest batches, in µs per added request: the median of each repeat's own slope.
+
+``--ablate NAME`` runs omnigen without one contract mechanism (``_ablations()``), each switched
+off by name: a runtime function replaced by a no-op, or for ``host_layout`` the merge's own switch
+``omnigen.runtime.buffers.HOST_LAYOUT`` set to False (no source of the product is rewritten).
+The steps and cells are also the other modes' (``floors``, ``instructions``): this module is
+where they are built (``scenario``, ``_classes``, ``_prepare``, ``_drive``).
 """
 
 from __future__ import annotations
@@ -32,14 +47,11 @@ import contextlib
 import cProfile
 import functools
 import gc
-import inspect
 import pstats
 import random
 import statistics
 import sys
-import textwrap
 import time
-import types
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -79,15 +91,8 @@ def step_mode() -> torch.inference_mode:
     return torch.inference_mode(INFERENCE_MODE)
 
 
-def add_step_mode_argument(parser: argparse.ArgumentParser) -> None:
-    """``--outside-inference-mode``, for every benchmark that measures steps (``set_step_mode``)."""
-    parser.add_argument(
-        "--outside-inference-mode", action="store_true",
-        help="measure the steps outside torch.inference_mode (vLLM runs them inside it)",
-    )  # fmt: skip
-
-
 def set_step_mode(args: argparse.Namespace) -> None:
+    """``--outside-inference-mode`` (every mode's, ``host_cost.common_arguments``)."""
     global INFERENCE_MODE
     INFERENCE_MODE = not args.outside_inference_mode
 
@@ -515,45 +520,6 @@ def _unchecked(_ids: object, out: object, *args: object, **kwargs: object) -> ob
     return out
 
 
-@functools.cache
-def _merge_without_host_layout() -> Callable[..., None]:
-    """``buffers.merge_updates`` without its reads of a host tensor's ``requires_grad`` and
-    ``is_contiguous()`` (every host tensor then stored as it is), compiled from the function's own
-    source so that it is the runner's merge less those two reads and nothing else. Made once, on
-    the first call of the ablation's merge: ``buffers.merge_updates`` is that wrapper by then, so
-    the source read is the one this module found at import (``MERGE_UPDATES``)."""
-    source = textwrap.dedent(inspect.getsource(MERGE_UPDATES))
-    for read in HOST_LAYOUT_READS:
-        if source.count(read) != 1:
-            raise RuntimeError(
-                f"--ablate host_layout: buffers.merge_updates no longer reads `{read}` once; "
-                "update HOST_LAYOUT_READS in benchmarks/host_overhead.py"
-            )
-        source = source.replace(read, "")
-    scratch = dict(vars(buffers))
-    exec(compile(source, "<merge_updates without host_layout>", "exec"), scratch)
-    compiled = scratch["merge_updates"]
-    # The module's own globals, as the runner's merge has: a helper that another ablation replaces
-    # (``keep_on_device``) is the one it calls.
-    return types.FunctionType(
-        compiled.__code__, vars(buffers), compiled.__name__, compiled.__defaults__, compiled.__closure__
-    )
-
-
-MERGE_UPDATES = buffers.merge_updates
-"""The runner's merge as imported, before any ablation replaced it."""
-HOST_LAYOUT_READS = ("and not item.requires_grad", "and item.is_contiguous()")
-"""What ``merge_updates`` reads of a host tensor, beyond ``is_cpu``, to store it as it is."""
-
-
-def _merge_updates_without_host_layout(*args: object, **kwargs: object) -> None:
-    """The ``host_layout`` ablation's ``merge_updates``: compiled on its first call, not when the
-    ablations' table is read (every run reads it, for ``--ablate``'s choices), so that only a run
-    that ablates it pays for the compile or fails if the source moved. One call more a merge call
-    (a step's rows merge in one)."""
-    return _merge_without_host_layout()(*args, **kwargs)
-
-
 NOT_CLAUSES = ("collector_hold",)
 """Entries of ``_ablations()`` that switch off an optimization, not a clause: ``all`` keeps them."""
 
@@ -571,11 +537,10 @@ def _ablations() -> dict[str, tuple[str, list[tuple[object, str, object]]]]:
             "3.5: every hook result checked before a write (but a talker-MTP decode row's)",
             [(phases, "row_output", _unchecked), (phases, "batch_output", _unchecked)],
         ),
-        # Before "merges", which replaces the same function: with both (``all``), the merges' no-op
-        # is the one left in place.
+        # buffers.HOST_LAYOUT, the merge's own switch for this measurement (read once a merge call).
         "host_layout": (
             "4.1 as vllm-omni keeps it: a stored host tensor detached and contiguous (two reads of each)",
-            [(buffers, "merge_updates", _merge_updates_without_host_layout)],
+            [(buffers, "HOST_LAYOUT", False)],
         ),
         "merges": (
             "4.1: each row's update merged into its buffer (and its owned copies)",
@@ -910,13 +875,12 @@ def table(
     return rows
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--batch", type=int, nargs="+", default=list(BATCHES))
-    parser.add_argument("--steps", type=int, default=40)
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """``host_cost.py wall``'s own switches (``--cells``, ``--batch``, ``--steps``, ``--json`` and
+    ``--outside-inference-mode`` are every mode's: ``host_cost.common_arguments``)."""
+    parser.set_defaults(cells=list(CELLS), batch=list(BATCHES), steps=40)
     parser.add_argument("--min-rows", type=int, default=4096, help="request-steps per figure, at least")
     parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--cells", nargs="+", default=list(CELLS), choices=list(CELLS))
     parser.add_argument("--shapes", nargs="+", default=["decode", "mixed"], choices=["decode", "mixed"])
     parser.add_argument(
         "--short", action="store_true", help="the CI figure: B 1, 32, 256, few steps; reports, never gates"
@@ -925,7 +889,6 @@ def main() -> None:
     parser.add_argument("--runner", choices=["omnigen", "oracle"], default="omnigen")
     parser.add_argument("--hooks", choices=["trivial", "dummy"], default="trivial")
     parser.add_argument("--clock", choices=["thread", "wall"], default="thread")
-    add_step_mode_argument(parser)
     parser.add_argument(
         "--cold-caches", action="store_true",
         help="the runners take turns a step at a time (each step in another runner's caches), not a block each",
@@ -946,30 +909,27 @@ def main() -> None:
         "--collections", action="store_true",
         help="diagnostics: the garbage collections each runner's steps set off, at the first --batch",
     )  # fmt: skip
-    args = parser.parse_args()
-    set_step_mode(args)
-    global COLD_CACHES
+
+
+def run(args: argparse.Namespace) -> list[dict] | None:
+    """``host_cost.py wall``: the table's rows (None for the diagnostics, which only print)."""
+    global COLD_CACHES, _clock
     COLD_CACHES = args.cold_caches
     ablate(args.ablate)
     if args.collections:
         collections(args.cells, args.batch[0], args.steps)
-        return
+        return None
     if args.hook_timing_check:
         hook_timing_check(args.cells, args.batch[0], args.steps, args.repeats, args.min_rows)
-        return
+        return None
     if args.clauses:
         clause_costs(args.cells, args.batch[0], args.steps, args.repeats, args.min_rows)
-        return
-    global _clock
+        return None
     _clock = time.thread_time if args.clock == "thread" else time.perf_counter
     if args.profile:
         print(profile(CELLS[args.profile], args.batch[0], args.steps, runner=args.runner, hooks=args.hooks))
-        return
+        return None
     if args.short:
         args.batch = [b for b in args.batch if b in (1, 32, 256)] or args.batch
         args.steps, args.repeats, args.min_rows = 4, 3, 256
-    table(args.cells, args.batch, args.steps, args.repeats, args.shapes, args.hooks, args.min_rows)
-
-
-if __name__ == "__main__":
-    main()
+    return table(args.cells, args.batch, args.steps, args.repeats, args.shapes, args.hooks, args.min_rows)

@@ -1,24 +1,34 @@
-"""Host cost of a decode step's ``_preprocess`` in instructions: omnigen's runner vs vllm-omni 0.30's.
+"""``benchmarks/host_cost.py instructions``: host cost of a decode step's ``_preprocess`` in
+instructions, omnigen's runner against vllm-omni 0.30's (the baseline, counted in the same run).
 
-The same steps, runners and trivial hooks as ``benchmarks/host_overhead.py``, counted by valgrind
-(callgrind) instead of timed: an instruction count does not move with the load of a shared
-machine, so two runs of the same code give the same figure and a change of a per cent shows at
-once, where the timed benchmark needs many interleaved repeats to see ten. Instructions are not
-time (a cache miss or an allocation costs more than its instructions, and the garbage collector
-runs where allocations happen to cross its threshold), so the timed benchmark stays the measure
-of the targets; this one compares code.
+The same steps, runners and trivial hooks as ``host_cost.py wall`` (``benchmarks/host_overhead.py``),
+counted by valgrind (callgrind) instead of timed: an instruction count does not move with the load
+of a shared machine, so two runs of the same code give the same figure and a change of a per cent
+shows at once, where the timed benchmark needs many interleaved repeats to see ten. Instructions
+are not time (a cache miss or an allocation costs more than its instructions, and the garbage
+collector runs where allocations happen to cross its threshold), so the timed benchmark stays the
+measure of the targets; this one compares code.
 
-    .venv/bin/python benchmarks/instructions.py                      # B = 256, the batched cells
-    .venv/bin/python benchmarks/instructions.py --batch 1 256 --cells plain
-    .venv/bin/python benchmarks/instructions.py --cells omni_talker \\
+Measures: instructions per request per step in ``_preprocess`` (callgrind), hooks counted apart.
+Baseline: vllm-omni 0.30's runner on the same steps, counted in the same run.
+Takes: about a minute a cell and runner at B = 256 here (two cells with ``--without``: 4-6
+  minutes), plus half a minute to start; ``--cold`` and ``--floors`` several times that. Needs valgrind and a C compiler.
+Writes: the table to stdout; with ``--json PATH`` every figure to a data file. ``--check`` counts
+  what ``benchmarks/results/instructions_thresholds.json`` names and fails if omnigen's count rose
+  past its tolerance (docs/measurements.md); ``--record`` rewrites that file.
+
+    .venv/bin/python benchmarks/host_cost.py instructions                      # B = 256, the batched cells
+    .venv/bin/python benchmarks/host_cost.py instructions --batch 1 256 --cells plain
+    .venv/bin/python benchmarks/host_cost.py instructions --cells omni_talker \\
         --parts phases.StepJournal phases.row_output buffers.merge_updates
-    .venv/bin/python benchmarks/instructions.py --floors           # also floors.py's floors, counted
-    .venv/bin/python benchmarks/instructions.py --cold --cells plain  # caches simulated, emptied per step
-    .venv/bin/python benchmarks/instructions.py --cells plain --without journal merges
-    .venv/bin/python benchmarks/instructions.py --cells plain --keep-dumps /tmp/dumps  # by function:
+    .venv/bin/python benchmarks/host_cost.py instructions --floors           # also the floors, counted
+    .venv/bin/python benchmarks/host_cost.py instructions --cold --cells plain  # caches simulated, emptied per step
+    .venv/bin/python benchmarks/host_cost.py instructions --cells plain --without journal merges
+    .venv/bin/python benchmarks/host_cost.py instructions --check            # the stored-threshold gate
+    .venv/bin/python benchmarks/host_cost.py instructions --cells plain --keep-dumps /tmp/dumps  # by function:
     callgrind_annotate --inclusive=yes /tmp/dumps/cg.PID.N                          # one pass's dump
 
-It runs itself under ``valgrind --tool=callgrind`` (Debian's ``valgrind``; a five-line helper is
+It runs ``host_cost.py`` under ``valgrind --tool=callgrind`` (Debian's ``valgrind``; a five-line helper is
 compiled against its ``valgrind/callgrind.h`` with ``cc``), instrumenting only the counted steps
 and collecting only inside the measured calls. Per cell, B and runner: ``--steps`` steady decode
 steps after ``--warm`` uncounted ones (Python 3.11 specializes a code path once it has run a few
@@ -41,7 +51,7 @@ estimate weighs level-1 instruction misses (``I1`` in ``--json``) at 10 cycles, 
 machine's level 2 mostly catches: on the runners' steps the timed cold ratios come nearer the
 estimate without them, instructions + 10 x ``D1`` + 100 x ``LL`` (docs/measurements.md).
 
-``--floors`` also counts ``benchmarks/floors.py``'s floors of each batched cell, its whole step's
+``--floors`` also counts the floors mode's (``benchmarks/floors.py``) floors of each batched cell, its whole step's
 floor and omnigen's code for the same work, each alone on the cell's steady step (one that calls
 the model less the model's own calls, as a runner), and sets the floors against each cell's
 budget (its ratio target, set at B = 256, times vllm-omni's count): the timed floors' verdicts,
@@ -67,11 +77,10 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-# vllm-omni (the baseline) is installed beside omnigen: keep its vLLM plugin from patching vLLM.
-os.environ.setdefault("VLLM_PLUGINS", "omnigen")
-# omnigen's plugin registers the tiny test models these runs build (omnigen.models).
-os.environ.setdefault("OMNIGEN_MODELS", "omnigen_tiny,omnigen_tiny_omni")
+ENTRY = ROOT / "benchmarks" / "host_cost.py"
+"""The tool this mode runs under valgrind (``host_cost.py instructions ...``, the same arguments)."""
+THRESHOLDS = ROOT / "benchmarks" / "results" / "instructions_thresholds.json"
+"""The stored counts ``--check`` compares a run with (``--record`` writes them)."""
 
 BATCHED = ("tts_mtp", "tts_mtp_seeded", "plain", "omni_talker")
 DUMPS = "OMNIGEN_INSTRUCTIONS_DUMPS"
@@ -103,28 +112,27 @@ def build_helper(folder: Path) -> Path:
     """The helper library (callgrind's client requests as C functions), compiled into ``folder``."""
     compiler = shutil.which("cc") or shutil.which("gcc")
     if compiler is None:
-        raise SystemExit(
-            "benchmarks/instructions.py: no C compiler (cc or gcc) to build its callgrind helper"
-        )
+        raise SystemExit("host_cost.py instructions: no C compiler (cc or gcc) to build its callgrind helper")
     source, library = folder / "cg_helper.c", folder / "cg_helper.so"
     source.write_text(HELPER)
     command = [compiler, "-O2", "-shared", "-fPIC", "-o", str(library), str(source)]
     done = subprocess.run(command, capture_output=True, text=True)
     if done.returncode != 0:
         raise SystemExit(
-            "benchmarks/instructions.py: could not compile its callgrind helper (valgrind/callgrind.h "
+            "host_cost.py instructions: could not compile its callgrind helper (valgrind/callgrind.h "
             f"comes with Debian's valgrind package):\n{done.stderr}"
         )
     return library
 
 
 def launch(argv: list[str], cold: bool = False, keep: Path | None = None) -> list[dict[str, Any]]:
-    """Run this file's measurement under callgrind; each counted pass as a row (``read_dumps``).
+    """Run this mode's measurement under callgrind (``host_cost.py`` with ``argv``, which starts with
+    ``instructions``); each counted pass as a row (``read_dumps``).
     ``cold``: with the caches simulated, and emptied before every counted step; ``keep``: a
     folder (``check_keep_folder``) to copy the dumps into, for ``callgrind_annotate``."""
     if shutil.which("valgrind") is None:
         raise SystemExit(
-            "benchmarks/instructions.py: valgrind is not installed (Debian: apt-get install valgrind)"
+            "host_cost.py instructions: valgrind is not installed (Debian: apt-get install valgrind)"
         )
     with tempfile.TemporaryDirectory(prefix="omnigen-instructions-") as tmp:
         folder = Path(tmp)
@@ -143,14 +151,14 @@ def launch(argv: list[str], cold: bool = False, keep: Path | None = None) -> lis
             *caches,
             f"--callgrind-out-file={folder}/cg.%p",
             sys.executable,
-            str(Path(__file__).resolve()),
+            str(ENTRY),
             *argv,
         ]
         done = subprocess.run(command, env=env, capture_output=True, text=True)
         if done.returncode != 0:
             sys.stderr.write(done.stderr[-6000:])
             raise SystemExit(
-                f"benchmarks/instructions.py: the run under valgrind failed (exit {done.returncode})"
+                f"host_cost.py instructions: the run under valgrind failed (exit {done.returncode})"
             )
         if keep is not None:
             keep_dumps(folder, keep)
@@ -162,7 +170,7 @@ def check_keep_folder(folder: Path) -> None:
     nothing of anyone else's, and no file already there is overwritten."""
     if folder.exists() and (not folder.is_dir() or any(folder.iterdir())):
         raise SystemExit(
-            f"benchmarks/instructions.py: --keep-dumps {folder} is not a new or empty folder;"
+            f"host_cost.py instructions: --keep-dumps {folder} is not a new or empty folder;"
             " name a new one (nothing there is overwritten)"
         )
 
@@ -591,14 +599,12 @@ def _count_model_hooks(cg: Callgrind, model: Any) -> list[tuple[Any, str, Any]]:
 _ABSENT = object()
 
 
-def main() -> None:
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """``host_cost.py instructions``'s own switches (``--cells``, ``--batch``, ``--steps``, ``--json``
+    and ``--outside-inference-mode`` are every mode's: ``host_cost.common_arguments``)."""
     from benchmarks import host_overhead
-    from benchmarks.host_overhead import CELLS
 
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--cells", nargs="+", default=list(BATCHED), choices=list(CELLS))
-    parser.add_argument("--batch", type=int, nargs="+", default=[256])
-    parser.add_argument("--steps", type=int, default=4, help="steady steps counted per pass")
+    parser.set_defaults(cells=list(BATCHED), batch=[256], steps=4)
     parser.add_argument(
         "--warm", type=int, default=8,
         help="steps run before counting: Python specializes a code path after it has run a few times",
@@ -612,42 +618,110 @@ def main() -> None:
     parser.add_argument(
         "--floors",
         action="store_true",
-        help="also count benchmarks/floors.py's floors and omnigen's code for the same work (batched cells)",
+        help="also count the floors mode's floors and omnigen's code for the same work (batched cells)",
     )
     parser.add_argument(
         "--without",
         nargs="+",
         default=[],
         choices=list(host_overhead._ablations()),
-        help="also count omnigen without each of these contract mechanisms (host_overhead's --ablate)",
+        help="also count omnigen without each of these contract mechanisms (wall's --ablate)",
     )
     parser.add_argument(
         "--cold",
         action="store_true",
         help="also simulate the caches, emptied before every counted step, and report their misses",
     )
-    host_overhead.add_step_mode_argument(parser)
-    parser.add_argument("--json", type=Path, help="also write the figures to this file")
     parser.add_argument(
         "--keep-dumps",
         type=Path,
         metavar="DIR",
         help="also keep callgrind's dumps in DIR (new or empty), one a counted pass, for callgrind_annotate",
     )
-    args = parser.parse_args()
-    host_overhead.set_step_mode(args)
+    gate = parser.add_mutually_exclusive_group()
+    gate.add_argument(
+        "--check",
+        action="store_true",
+        help=f"the CI gate: count the stored cells and fail if omnigen's count rose past {THRESHOLDS.name}'s tolerance",
+    )
+    gate.add_argument(
+        "--record",
+        action="store_true",
+        help=f"count the stored cells and rewrite {THRESHOLDS.name} (after a deliberate change)",
+    )
+
+
+def run(args: argparse.Namespace) -> list[dict[str, Any]] | None:
+    """``host_cost.py instructions``: in the process valgrind runs, count; otherwise launch that
+    process and report its figures (rows), or check or record them against ``THRESHOLDS``."""
     if os.environ.get(DUMPS):
         measure(args, Callgrind(os.environ[HELPER_LIBRARY]))
-        return
+        return None
+    argv = list(args.argv)
+    if args.check or args.record:
+        stored = load_thresholds()
+        argv = ["instructions", *stored["argv"]]
     for part in args.parts:
         _resolve(part)
     if args.keep_dumps is not None:
         check_keep_folder(args.keep_dumps)
-    results = per_request(launch(sys.argv[1:], cold=args.cold, keep=args.keep_dumps))
+    results = per_request(launch(argv, cold=args.cold, keep=args.keep_dumps))
     report(results)
-    if args.json:
-        args.json.write_text(json.dumps(results, indent=2))
+    if args.record:
+        record_thresholds(results)
+    elif args.check:
+        failures = check_thresholds(results, load_thresholds())
+        if failures:
+            raise SystemExit("host_cost.py instructions --check failed:\n  " + "\n  ".join(failures))
+        print(f"instructions --check: within {THRESHOLDS.relative_to(ROOT)}'s tolerance", flush=True)
+    return results
 
 
-if __name__ == "__main__":
-    main()
+def load_thresholds(path: Path = THRESHOLDS) -> dict[str, Any]:
+    """The stored gate: ``argv`` (what ``--check`` counts), ``tolerance`` (a share) and
+    ``per_request`` (``"cell B side": instructions a request``, both runners)."""
+    if not path.exists():
+        raise SystemExit(f"{path}: no stored thresholds; write them with host_cost.py instructions --record")
+    return json.loads(path.read_text())
+
+
+def _key(row: dict[str, Any]) -> str:
+    return f"{row['cell']} B={row['batch']} {row['side']}"
+
+
+def check_thresholds(results: list[dict[str, Any]], stored: dict[str, Any]) -> list[str]:
+    """What fails the gate, worded for the log: omnigen's count a request above its stored figure by
+    more than the tolerance, or vllm-omni's moved by more than it either way (vllm-omni's runner is
+    fixed code: its count moves only when the interpreter, torch or vLLM did, and then every stored
+    figure is stale: re-record). A count that fell passes (record it to keep the gain)."""
+    tolerance = stored["tolerance"]
+    found = {_key(row): row["per_request"] for row in results if row["part"] is None}
+    failures = []
+    for key, expected in stored["per_request"].items():
+        if key not in found:
+            failures.append(f"{key}: not counted (the stored argv no longer produces it)")
+            continue
+        change = found[key] / expected - 1
+        if key.endswith("vllm-omni") and abs(change) > tolerance:
+            failures.append(
+                f"{key}: {found[key]:,.0f} instructions a request against {expected:,.0f} stored "
+                f"({change:+.1%}): the baseline moved, so the interpreter, torch or vLLM changed; "
+                "re-record with host_cost.py instructions --record"
+            )
+        elif not key.endswith("vllm-omni") and change > tolerance:
+            failures.append(
+                f"{key}: {found[key]:,.0f} instructions a request against {expected:,.0f} stored "
+                f"({change:+.1%}, tolerance {tolerance:.0%}): omnigen's runner costs more; find the "
+                "cause (--parts, --keep-dumps) or, if it is deliberate, re-record with --record"
+            )
+    return failures
+
+
+def record_thresholds(results: list[dict[str, Any]], path: Path = THRESHOLDS) -> None:
+    """Rewrite the stored figures, keeping the stored ``argv``, ``tolerance`` and ``why``."""
+    stored = load_thresholds(path)
+    stored["per_request"] = {
+        _key(row): round(row["per_request"], 1) for row in results if row["part"] is None
+    }
+    path.write_text(json.dumps(stored, indent=1) + "\n")
+    print(f"recorded: {path}", flush=True)

@@ -1,5 +1,10 @@
 """``serve.mode=ray`` against what runs on one machine already, in one run (issue 38).
 
+Measures: the ``ray`` transport's handoff cost per request and ``serve.mode=ray``'s requests/s.
+Baseline: the ``inline`` and ``shm`` transports, and ``mp`` mode, in the same run.
+Takes: about 4 minutes on 2 cores, about 2 with ``--short``.
+Writes: ``benchmarks/results/ray.json`` (``--out``), and prints a table.
+
 1. **Handoff cost per request** of the ``ray`` transport against ``inline`` and ``shm``, on one
    node, at each payload size (``--sizes``: 1 KiB, 1 MiB, 8 MiB; the payload of
    ``benchmarks/transport.py``: a float32 tensor of that many bytes and 16 int64 ids), one request

@@ -1,5 +1,11 @@
 """Real Qwen3-TTS on CPU: omnigen's served pipeline against vllm-omni's runners chained by hand.
 
+Measures: cold start and audio seconds per second of real Qwen3-TTS (tiny checkpoint) served by
+  ``omnigen serve``.
+Baseline: vllm-omni's runners chained by hand (its serving layer, two ``vllm.LLM`` engines).
+Takes: about 4-6 minutes with the defaults.
+Writes: ``benchmarks/results/real_tts.json`` (``--out``), and prints the medians and ratios.
+
 Both sides serve the tiny real-shaped Qwen3-TTS CustomVoice checkpoint (``testing/checkpoints``:
 one folder for both stages, safetensors weights) with the same engine arguments, requests and
 seeds, in one run on this machine:

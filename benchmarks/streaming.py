@@ -1,5 +1,10 @@
 """Streaming against full-payload serving of the same requests, in one run (issue 35, item 5).
 
+Measures: time to first audio, latency and throughput of streaming, per request and concurrency.
+Baseline: full-payload serving of the same requests on the same pipeline (and fixed windows).
+Takes: about 8-16 minutes on 2 cores, under ~3 with ``--short``.
+Writes: ``benchmarks/results/streaming.json`` (``--out``), and prints a table.
+
 Two pipelines, one after the other, each started once in ``mp`` mode (an engine-core process per
 stage) the way ``omnigen run`` starts it (its serve config, the model's request builder, each
 stage's sampling; ``omnigen.pipeline_commands``):

@@ -1,8 +1,16 @@
 """Sweep the host-overhead benchmark over batch sizes and stage policies (a Hydra app).
 
+Measures: host cost of a decode step's ``_preprocess`` per configuration and batch size (the
+  ``wall`` mode of ``benchmarks/host_cost.py``, one cell per job).
+Baseline: vllm-omni 0.30's runner on the same steps, interleaved in the same process.
+Takes: under a minute a job with the defaults (B = 32, 5 repeats: 46 s here); a full ``-m`` sweep,
+  tens of minutes.
+Writes: a row a job to ``OUT/sweep.csv`` and the plot ``OUT/sweep.png`` (``out=DIR``, default
+  ``$TMPDIR/omnigen-sweep``).
+
 Each job measures one configuration (``policy`` x ``seeded_share`` x ``shape``) at one batch size,
 omnigen's generated runner and vllm-omni 0.30's interleaved in this process
-(``benchmarks/host_overhead.py``), and appends a row to ``OUT/sweep.csv``; when the sweep
+(``benchmarks/host_cost.py wall``'s measurement), and appends a row to ``OUT/sweep.csv``; when the sweep
 ends, ``OUT/sweep.png`` plots µs per request against B, one line per configuration (solid:
 omnigen; dashed, same colour: vllm-omni's runner on the same steps, the reference).
 
@@ -149,4 +157,8 @@ def main(cfg: DictConfig) -> None:
 
 
 if __name__ == "__main__":
+    if {"-h", "--help"} & set(sys.argv[1:]):
+        # Hydra's --help lists the config groups and keys; what the sweep measures, against what,
+        # for how long and where it writes is this module's docstring, printed first.
+        print(__doc__)
     main()

@@ -1,5 +1,10 @@
 """Handoff cost per request of omnigen's stage-to-stage transports (issue 8, item 2).
 
+Measures: handoff cost per request (put + get + release, and with msgpack) of the stage transports.
+Baseline: the inline and shm transports against each other, in the same process.
+Takes: under a minute.
+Writes: a table to stdout; no data file.
+
 For each payload size, a payload ``{"hidden": float32 tensor of that many bytes, "ids": int64[16]}``
 goes through ``put`` + ``get`` + ``release`` of the inline and the shm transport, one request at a
 time, in one process. Reported per request, median of the repeats (each repeat times a batch of
@@ -74,7 +79,9 @@ def handoff_cost(name: str, payload: dict, *, wire: bool, requests: int, repeats
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--sizes", nargs="+", default=["1KiB", "1MiB", "8MiB"])
     parser.add_argument("--repeats", type=int, default=7)
     args = parser.parse_args(argv)

@@ -1,6 +1,7 @@
-"""``benchmarks/instructions.py``'s reading of callgrind's dumps and its figures a request: the part
-that runs outside valgrind, on dumps written as callgrind writes them (its format, the events of a
-run with and without ``--cache-sim``)."""
+"""``benchmarks/instructions.py`` (``host_cost.py instructions``): its reading of callgrind's dumps
+and its figures a request, the part that runs outside valgrind, on dumps written as callgrind
+writes them (its format, the events of a run with and without ``--cache-sim``); and its
+stored-threshold gate (``--check``) on figures given to it."""
 
 from __future__ import annotations
 
@@ -98,3 +99,62 @@ def test_kept_dumps_go_only_into_a_new_or_empty_folder(tmp_path: Path) -> None:
     empty = tmp_path / "empty"
     empty.mkdir()
     instructions.check_keep_folder(empty)
+
+
+def _row(cell: str, side: str, per_request: float, part: str | None = None) -> dict:
+    return {"cell": cell, "batch": 256, "side": side, "part": part, "per_request": per_request}
+
+
+STORED = {
+    "argv": ["--cells", "plain"],
+    "tolerance": 0.02,
+    "per_request": {"plain B=256 vllm-omni": 47_500.0, "plain B=256 omnigen": 15_000.0},
+}
+
+
+def test_the_gate_passes_within_the_tolerance_and_when_omnigen_got_cheaper():
+    for omnigen in (15_000.0 * 1.019, 15_000.0, 9_000.0):
+        rows = [_row("plain", "vllm-omni", 47_500.0 * 0.99), _row("plain", "omnigen", omnigen)]
+        assert instructions.check_thresholds(rows, STORED) == []
+
+
+def test_the_gate_fails_when_omnigen_costs_more_than_the_tolerance():
+    rows = [_row("plain", "vllm-omni", 47_500.0), _row("plain", "omnigen", 15_000.0 * 1.021)]
+    (failure,) = instructions.check_thresholds(rows, STORED)
+    assert failure.startswith("plain B=256 omnigen: 15,315 instructions a request against 15,000")
+    assert "+2.1%" in failure and "omnigen's runner costs more" in failure
+
+
+def test_the_gate_fails_when_the_baseline_moved_either_way_or_a_figure_is_missing():
+    """vllm-omni's runner is fixed code: its count moves only with the environment, and then
+    every stored figure is stale (a part's row is not a runner's and is not compared)."""
+    for moved in (47_500.0 * 0.97, 47_500.0 * 1.03):
+        rows = [_row("plain", "vllm-omni", moved), _row("plain", "omnigen", 15_000.0)]
+        (failure,) = instructions.check_thresholds(rows, STORED)
+        assert failure.startswith("plain B=256 vllm-omni:") and "re-record" in failure
+    rows = [
+        _row("plain", "vllm-omni", 47_500.0),
+        _row("plain", "omnigen", 15_000.0, part="phases.row_output"),
+    ]
+    (failure,) = instructions.check_thresholds(rows, STORED)
+    assert failure == "plain B=256 omnigen: not counted (the stored argv no longer produces it)"
+
+
+def test_recording_keeps_the_stored_argv_tolerance_and_reason(tmp_path):
+    path = tmp_path / "thresholds.json"
+    path.write_text(json.dumps({**STORED, "why": "the reason"}))
+    instructions.record_thresholds(
+        [_row("plain", "vllm-omni", 47_123.44), _row("plain", "omnigen", 14_000.06)], path
+    )
+    stored = json.loads(path.read_text())
+    assert stored["argv"] == STORED["argv"] and stored["tolerance"] == 0.02 and stored["why"] == "the reason"
+    assert stored["per_request"] == {"plain B=256 vllm-omni": 47_123.4, "plain B=256 omnigen": 14_000.1}
+
+
+def test_the_stored_thresholds_name_what_the_check_counts():
+    """The shipped file: both runners of every cell its argv counts (at the default B = 256)."""
+    stored = instructions.load_thresholds()
+    assert 0 < stored["tolerance"] <= 0.05
+    assert stored["argv"][0] == "--cells" and all(not arg.startswith("--") for arg in stored["argv"][1:])
+    expected = {f"{cell} B=256 {side}" for cell in stored["argv"][1:] for side in ("vllm-omni", "omnigen")}
+    assert set(stored["per_request"]) == expected

@@ -17,6 +17,13 @@ GpuKeys = frozenset[tuple[str, str]]
 _Tensor = torch.Tensor
 """``torch.Tensor``, bound once: a merge looks it up for every update value."""
 
+HOST_LAYOUT = True
+"""Whether ``merge_updates`` reads a host tensor's layout (``requires_grad``, ``is_contiguous()``)
+before storing it as it is, so that the buffer keeps it detached and contiguous as vllm-omni does
+(4.1). Always on in the product. It is a named switch for one measurement only: set to False, every
+host tensor is stored as it is, unread, which is what ``benchmarks/host_cost.py wall --ablate
+host_layout`` times (what the two reads cost). Read once a call (not a row), into a local."""
+
 REPLACE_MARKER = "replace_runtime_additional_information"
 RUNNER_META_KEYS = ("num_processed_tokens", "resumable")
 
@@ -88,6 +95,7 @@ def merge_updates(
     The one copy of the merge rule, written out in the loop over the rows: a call a row cost
     0.5k instructions a request more on the batched cells (this runs for every row of every step).
     """
+    host_layout = HOST_LAYOUT
     for buffer, request, update in zip(row_buffers, requests, updates, strict=True):
         if request is None or not update or not isinstance(update, dict):
             continue
@@ -106,12 +114,12 @@ def merge_updates(
                     # to_host(item), without the call where it would hand back the item itself: a
                     # contiguous host tensor that needs no detach. (vllm-omni stores its tensors
                     # detached and contiguous; the two reads that keep that cost 1.3k instructions
-                    # a row on plain's decode batch: host_overhead.py --ablate host_layout.)
+                    # a row on plain's decode batch: host_cost.py wall --ablate host_layout, which
+                    # turns them off through ``HOST_LAYOUT``.)
                     if (
                         type(item) is _Tensor
                         and item.is_cpu
-                        and not item.requires_grad
-                        and item.is_contiguous()
+                        and (not host_layout or (not item.requires_grad and item.is_contiguous()))
                     ):
                         sub[qualifier] = item
                     else:

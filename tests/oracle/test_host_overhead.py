@@ -1,5 +1,5 @@
-"""benchmarks/host_overhead.py: every runner and batch size in every repeat (a block each, or a
-step at a time with cold caches), each step's hook calls replayed right after it, the marginal
+"""benchmarks/host_overhead.py (``host_cost.py wall``): every runner and batch size in every repeat
+(a block each, or a step at a time with cold caches), each step's hook calls replayed right after it, the marginal
 cost a median of paired slopes, and every contract mechanism's ablation runnable (a diagnostic
 that fails to run measures nothing)."""
 
@@ -125,11 +125,13 @@ def test_every_ablation_runs(cell):
 
 
 def test_the_host_layout_ablation_is_the_merge_less_its_two_reads():
-    """Through ``ablate``, compiled on the merge's first call while the ablation is in place."""
-    host_overhead._merge_without_host_layout.cache_clear()
+    """Through ``ablate``, by name: the merge's own switch (``buffers.HOST_LAYOUT``), read once a
+    call; the product's merge itself, no copy of it, and every layout stored as it is."""
+    merge = buffers.merge_updates
+    strided, plain = torch.arange(6.0).reshape(3, 2).t(), torch.ones(2)
     saved = host_overhead.ablate(["host_layout"])
     try:
-        strided, plain = torch.arange(6.0).reshape(3, 2).t(), torch.ones(2)
+        assert buffers.merge_updates is merge, "the runner's own merge runs, switched"
         buffer: dict = {}
         request = SimpleNamespace()
         update = {"h": {"strided": strided, "plain": plain}, "n": 1}
@@ -139,9 +141,12 @@ def test_the_host_layout_ablation_is_the_merge_less_its_two_reads():
     assert buffer["h"]["strided"] is strided, "stored as it is: its layout no longer read"
     assert buffer == {"h": {"strided": strided, "plain": plain}, "n": 1}
     assert request.additional_information_cpu is buffer
-    merge = host_overhead._merge_without_host_layout()
-    assert merge.__globals__ is vars(buffers), "calls the module's helpers, as ablated elsewhere"
-    assert buffers.merge_updates is host_overhead.MERGE_UPDATES, "restored"
+    assert buffers.HOST_LAYOUT is True, "restored"
+    # Switched back on, the same merge keeps vllm-omni's layout: a contiguous copy of the strided one.
+    again: dict = {}
+    buffers.merge_updates([again], [SimpleNamespace()], [{"h": {"strided": strided}}], frozenset())
+    assert again["h"]["strided"] is not strided and again["h"]["strided"].is_contiguous()
+    assert torch.equal(again["h"]["strided"], strided)
 
 
 def test_every_clause_at_once_leaves_no_merge():
