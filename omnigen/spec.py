@@ -422,34 +422,8 @@ def _checkpoint_spec(checkpoint: Any, stages: tuple[StageSpec, ...], findings: _
     )
 
 
-def _stage_spec(model: ModelConf, name: str, stage: Any, *, is_last: bool, findings: _Findings) -> StageSpec:
-    key = f"stages.{name}"
-    add = findings.add
-    if not is_identifier(name) or name.startswith("_") or name in _RESERVED_STAGE_NAMES:
-        add(
-            key,
-            f"stage name {name!r} must be a Python identifier (at most 100 characters, not a keyword) "
-            f"that does not start with an underscore and is not {', '.join(sorted(_RESERVED_STAGE_NAMES))} (it names a module beside the "
-            "package's own files); rename it (letters, digits, underscores)",
-        )
-    arch = stage.arch or model.arch
-    if stage.arch is not None and not is_identifier(stage.arch):
-        add(f"{key}.arch", f"{stage.arch!r} is not a Python identifier; use vLLM's model_arch name")
-    if stage.model_class is not None and not is_dotted_path(stage.model_class):
-        add(f"{key}.model_class", f"{stage.model_class!r} is not a dotted path; write package.module.Class")
-    is_gen = stage.kind is StageKind.generation
-
-    if stage.next_stage_input is not None:
-        _check_glue_name(stage.next_stage_input, f"{key}.next_stage_input", add)
-        if is_last:
-            add(
-                f"{key}.next_stage_input",
-                "the last stage has no next stage to feed; set it to null or add the consuming stage",
-            )
-
-    _check_serving_keys(stage, key, add)
-
-    pre = stage.preprocess
+def _check_preprocess(pre: Any, is_gen: bool, key: str, add: Any) -> None:
+    """``stages.S.preprocess``: the row hook and decode batching."""
     if pre.decode_batch is not DecodeBatch.none and not pre.hook:
         add(
             f"{key}.preprocess.decode_batch",
@@ -466,7 +440,9 @@ def _stage_spec(model: ModelConf, name: str, stage: Any, *, is_last: bool, findi
             f"{key}.preprocess.decode_batch", "a generation stage has no decode steps; set decode_batch: none"
         )
 
-    mtp_cfg = stage.mtp
+
+def _mtp_spec(mtp_cfg: Any, pre: Any, is_gen: bool, key: str, add: Any) -> MTPSpec | None:
+    """``stages.S.mtp``: the talker's code predictor, or None where it is off."""
     mtp: MTPSpec | None = None
     # String keys are checked whether or not their feature is on: none may reach generated code
     # (or its header) unchecked.
@@ -520,9 +496,13 @@ def _stage_spec(model: ModelConf, name: str, stage: Any, *, is_last: bool, findi
                 f"{key}.mtp.per_row_generators",
                 "only an MTP stage takes generators; set mtp.enabled: true or per_row_generators: never",
             )
+    return mtp
 
+
+def _gpu_resident_keys(raw_keys: Any, key: str, add: Any) -> list[tuple[str, str]]:
+    """``stages.S.buffers.gpu_resident``: ``type.qualifier`` keys kept on the device."""
     gpu_keys: list[tuple[str, str]] = []
-    for i, raw in enumerate(stage.buffers.gpu_resident):
+    for i, raw in enumerate(raw_keys):
         parts = raw.split(".")
         if len(parts) != 2 or not all(is_identifier(p) for p in parts):
             add(
@@ -533,7 +513,11 @@ def _stage_spec(model: ModelConf, name: str, stage: Any, *, is_last: bool, findi
         gpu_keys.append((parts[0], parts[1]))
     if len(set(gpu_keys)) != len(gpu_keys):
         add(f"{key}.buffers.gpu_resident", "lists a key twice; keep each key once")
+    return gpu_keys
 
+
+def _check_outputs(stage: Any, is_gen: bool, key: str, add: Any) -> None:
+    """``stages.S.outputs`` (and the positions and final output they go with)."""
     outputs = stage.outputs
     if outputs.request_end_payload and stage.next_stage_input is None:
         add(
@@ -561,6 +545,40 @@ def _stage_spec(model: ModelConf, name: str, stage: Any, *, is_last: bool, findi
             "a stage that publishes audio returns it as a multimodal output; set outputs.multimodal: true",
         )
 
+
+def _stage_spec(model: ModelConf, name: str, stage: Any, *, is_last: bool, findings: _Findings) -> StageSpec:
+    key = f"stages.{name}"
+    add = findings.add
+    if not is_identifier(name) or name.startswith("_") or name in _RESERVED_STAGE_NAMES:
+        add(
+            key,
+            f"stage name {name!r} must be a Python identifier (at most 100 characters, not a keyword) "
+            f"that does not start with an underscore and is not {', '.join(sorted(_RESERVED_STAGE_NAMES))} (it names a module beside the "
+            "package's own files); rename it (letters, digits, underscores)",
+        )
+    arch = stage.arch or model.arch
+    if stage.arch is not None and not is_identifier(stage.arch):
+        add(f"{key}.arch", f"{stage.arch!r} is not a Python identifier; use vLLM's model_arch name")
+    if stage.model_class is not None and not is_dotted_path(stage.model_class):
+        add(f"{key}.model_class", f"{stage.model_class!r} is not a dotted path; write package.module.Class")
+    is_gen = stage.kind is StageKind.generation
+
+    if stage.next_stage_input is not None:
+        _check_glue_name(stage.next_stage_input, f"{key}.next_stage_input", add)
+        if is_last:
+            add(
+                f"{key}.next_stage_input",
+                "the last stage has no next stage to feed; set it to null or add the consuming stage",
+            )
+
+    _check_serving_keys(stage, key, add)
+
+    pre = stage.preprocess
+    _check_preprocess(pre, is_gen, key, add)
+    mtp = _mtp_spec(stage.mtp, pre, is_gen, key, add)
+    gpu_keys = _gpu_resident_keys(stage.buffers.gpu_resident, key, add)
+    outputs = stage.outputs
+    _check_outputs(stage, is_gen, key, add)
     _check_real_model_keys(stage, key, is_gen, add)
     post = stage.postprocess
     deployment = stage.model_config

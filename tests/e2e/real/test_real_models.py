@@ -46,8 +46,11 @@ if importlib.util.find_spec("vllm_omni") is None:
         allow_module_level=True,
     )
 
-HERE = Path(__file__).resolve().parent
-CASES = sorted(p.stem for p in (HERE / "cases").glob("*.py") if not p.stem.startswith("_"))
+from omnigen_testing.real.run_side import all_case_names  # noqa: E402  (after the skip)
+
+CASES = all_case_names()
+# Every case module of omnigen_testing.real.cases; none found means a moved folder, not a pass.
+assert CASES, "no case modules found in omnigen_testing.real.cases"
 SIDE_TIMEOUT_S = 1200
 # The negative control: the oracle again, with the model's postprocess disabled.
 NEGATIVE_CASE, NEGATIVE_PERTURBATION = "qwen3_tts_talker", "no_postprocess"
