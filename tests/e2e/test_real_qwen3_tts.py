@@ -1,7 +1,7 @@
 """Differential pipeline test: ``omnigen run``/``omnigen serve`` against vllm-omni's own pieces.
 
-One tiny real-shaped Qwen3-TTS CustomVoice checkpoint (``omnigen_testing.checkpoints``: one folder for
-both stages, safetensors weights, speakers vivian, ryan and dylan, dylan a Beijing-dialect
+One tiny real-shaped Qwen3-TTS CustomVoice checkpoint (``omnigen_testing.checkpoints``: one folder
+for both stages, safetensors weights, speakers vivian, ryan and dylan, dylan a Beijing-dialect
 speaker; three of its tensors scaled so that the text and voice reach the codes, ``SHARPENED``)
 serves a handful of speech requests (three voices, English/Auto/Chinese, with and without
 instructions, three seeds) two ways, and the audio must be equal sample for sample:
@@ -10,32 +10,11 @@ instructions, three seeds) two ways, and the audio must be equal sample for samp
   ``omnigen serve`` (``mp``: an engine-core process per stage) on a free loopback port for every
   request, one at a time over HTTP (``POST /v1/audio/speech``), then stopped with SIGTERM (it must
   exit 128 + 15 and leave no engine process behind). The WAVs are decoded with ``wave``.
-* oracle: one subprocess (``python -m omnigen_testing.qwen3_tts_chain oracle``, where each piece is described)
-  that imports vllm_omni (its patch.py runs) and chains vllm-omni 0.30's own pieces on vLLM's CPU
-  engine, in the full-payload form omnigen runs (``async_chunk: false``):
-
-  1. the request: vllm-omni's speech serving layer (``OmniOpenAIServingSpeech`` with its Qwen3-TTS
-     adapter, ``_prepare_speech_generation``: validate, build, sampling overrides, seed) around a
-     stand-in engine client (``tests/oracle/test_request_builders.py``'s ``oracle_server`` and
-     ``oracle_build``), with the talker's default sampling of vllm-omni's deploy/qwen3_tts.yaml
-     and pipeline.py (temperature 0.9, top_k 50, min_tokens 2, repetition_penalty 1.05,
-     detokenize false; the stop id is this checkpoint's codec EOS where vllm-omni hard-codes the
-     released 2150);
-  2. the talker: ``vllm.LLM`` (engine core in process) whose worker builds vllm-omni's
-     ``GPUARModelRunner`` composed onto vLLM's ``CPUModelRunner`` (as ``testing/real/harness.py``
-     composes it; the payload arrives as ``additional_information`` through its
-     ``OracleScheduler``), with vllm-omni's model_config fields for the stage (model_stage
-     ``qwen3_tts``, async_chunk false, ``custom_process_next_stage_input_func`` =
-     ``talker2code2wav_full_payload``, its deploy's subtalker sampling). The runner's own
-     full-payload producer path runs: it accumulates each step's payload
-     (``accumulate_full_payload_output``) and, once the request finished, flushes it through
-     ``_build_custom_process_payload``, i.e. vllm-omni's ``talker2code2wav_full_payload`` on the
-     runner's request state. Only the connector's transport is replaced: the built payload is kept
-     (there is no second engine process to ship it to);
-  3. the code2wav prompt: vllm-omni's ``talker2code2wav_token_only`` on the finished talker output
-     (its accumulated codes, its token ids) and the request's prompt;
-  4. code2wav: ``vllm.LLM`` with vllm-omni's ``GPUGenerationModelRunner`` on ``CPUModelRunner``;
-     its ``model_outputs`` are the audio, as the runner's output gives them.
+* oracle: one subprocess (``python -m omnigen_testing.qwen3_tts_chain oracle``) that imports
+  vllm_omni and chains vllm-omni 0.30's own pieces on vLLM's CPU engine, in the full-payload form
+  omnigen runs (``async_chunk: false``): its speech serving layer builds the request, its runners
+  run the talker and code2wav, its glue builds the edge (the chain module's docstring says how
+  each piece is driven).
 
 Both sides run the same engine arguments (``ChainSettings``: conf/serve/qwen3_tts.yaml's values,
 which are vllm-omni's deploy values where it has them, plus this test's small lengths), eager
