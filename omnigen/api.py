@@ -178,7 +178,7 @@ def runner_overrides(overrides: Sequence[str]) -> list[str]:
 
 
 def served_model(model: str, overrides: Sequence[str] = ()) -> BuiltModel:
-    """What ``omnigen run``/``serve`` and ``Pipeline.start`` serve: the built package's model
+    """What ``omnigen run``/``serve`` and ``Pipeline.from_model`` serve: the built package's model
     (``generated/<model>/plan.yaml``), or with overrides that change the plan, that variant.
 
     A variant whose generated modules equal the committed ones (an override of a serving key, such

@@ -79,6 +79,14 @@ class BuiltStage:
     def is_generation(self) -> bool:
         return self.kind == "generation"
 
+    def variant_refusal(self, mode: str) -> str:
+        """Why ``mode`` cannot start this stage's in-memory variant worker, and the fix."""
+        return (
+            f"serve.mode={mode} starts each engine in processes of their own, which import the built "
+            f"package, and the overrides change {self.model}'s generated {self.model}/{self.stage}.py: "
+            f"build them into conf/ (omnigen build model={self.model}), or use serve.mode=inproc"
+        )
+
 
 @dataclass(frozen=True)
 class BuiltModel:

@@ -608,11 +608,7 @@ def _start_engine(stage: BuiltStage, model_path: str, kwargs: dict[str, Any], mo
         with _environment(VLLM_ENABLE_V1_MULTIPROCESSING="0", **plugin_env):
             return LLM(**args)
     if stage.in_memory:
-        raise ValueError(
-            f"mode='mp' starts each engine core in a process of its own, which imports the built "
-            f"package, and the overrides change {stage.model}'s generated {stage.model}/{stage.stage}.py: "
-            f"build them into conf/ (omnigen build model={stage.model}), or use mode='inproc'"
-        )
+        raise ValueError(stage.variant_refusal(mode))
     from vllm.engine.arg_utils import AsyncEngineArgs
     from vllm.v1.engine.async_llm import AsyncLLM
 

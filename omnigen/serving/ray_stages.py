@@ -310,11 +310,7 @@ def start_pipeline(
                 f"each replica its devices: drop it and set serve.ray.stages.{stage.stage}.num_gpus"
             )
         if stage.in_memory:
-            raise RayModeError(
-                f"the overrides change {plan.name}'s generated {plan.name}/{stage.stage}.py, and each Ray "
-                f"replica imports the built package: build the change into conf/ (omnigen build "
-                f"model={plan.name}), or use serve.mode=inproc"
-            )
+            raise RayModeError(stage.variant_refusal("ray"))
         kwargs = dict(engine_kwargs.get(stage.stage, {}))
         args[stage.stage] = _engine_args(stage, stage_models[stage.stage], kwargs)
         env[stage.stage] = _plugin_environment(stage)

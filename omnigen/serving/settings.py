@@ -228,17 +228,22 @@ def _model_path(value: str, stage: str, plan: BuiltModel, scratch: Path) -> str:
             f"serve.models.{stage}: {value!r} asks for a synthetic checkpoint, but {plan.name} declares "
             "no writer (checkpoint.synthetic in its model config); give a checkpoint folder instead"
         )
-    module_name, _, attr = writer_path.rpartition(".")
-    try:
-        writer = getattr(importlib.import_module(module_name), attr)
-    except (ImportError, AttributeError) as exc:
-        raise SettingsError(
-            f"{plan.name}: checkpoint.synthetic {writer_path!r} does not import: {exc}"
-        ) from exc
+    writer = _declared(plan, "synthetic", writer_path)
     try:
         return str(writer(scratch / stage, variant))
     except ValueError as exc:  # the writer's own words, e.g. the variants it knows
         raise SettingsError(f"serve.models.{stage}: {value!r}: {exc}") from exc
+
+
+def _declared(plan: BuiltModel, key: str, path: str) -> Any:
+    """The object ``checkpoint.<key>`` names by dotted path, or the error that names the key."""
+    module_name, _, attr = path.rpartition(".")
+    try:
+        return getattr(importlib.import_module(module_name), attr)
+    except (ImportError, AttributeError) as exc:
+        raise SettingsError(
+            f"{plan.source}: checkpoint.{key} {path} does not load: {type(exc).__name__}: {exc}"
+        ) from exc
 
 
 def _request_builder(plan: BuiltModel, checkpoint: str, max_tokens: int) -> RequestBuilder | None:
@@ -257,13 +262,7 @@ def _request_builder(plan: BuiltModel, checkpoint: str, max_tokens: int) -> Requ
             f"serve.models.{first}: {checkpoint!r} is not a checkpoint folder (no config.json); "
             f"{plan.name}'s requests are built from its files: give the downloaded folder"
         )
-    module_name, _, attr = path.rpartition(".")
-    try:
-        cls = getattr(importlib.import_module(module_name), attr)
-    except (ImportError, AttributeError) as exc:
-        raise SettingsError(
-            f"{plan.source}: checkpoint.request_builder {path} does not load: {type(exc).__name__}: {exc}"
-        ) from exc
+    cls = _declared(plan, "request_builder", path)
     try:
         return cls(checkpoint, default_max_tokens=max_tokens)
     except (OSError, ValueError, KeyError) as exc:
