@@ -69,7 +69,7 @@ def test_generated_class_has_exactly_the_matrix_paths(model, stage):
         assert bool(runner.MTP_SAMPLING_DEFAULTS) is caps["mtp_sampling_defaults"]
         assert ("full_graph_wrapper_cls" in source) is (caps["mtp_graph"] == "safe")
         assert f"self.model_config.{caps['mtp_hidden_size_from']}" in source
-        assert ("_talker_mtp_forward_row_by_row" in source) is (caps["mtp_per_row_generators"] != "always")
+        assert ("mtp.forward_row_by_row(" in source) is (caps["mtp_per_row_generators"] != "always")
 
     bare = object.__new__(runner)
     bare.omni_prefix_cache = None
@@ -170,7 +170,7 @@ def test_generated_v2_target_has_exactly_the_matrix_paths(model, stage):
     if caps["talker_mtp"]:
         assert state.MTP_OUTPUT_KEY == tuple(caps["mtp_output_key"])
         assert ("_mtp_dispatch" in source) and ("_determine_batch_execution_and_padding" not in source)
-        assert ("_talker_mtp_forward_row_by_row" in source) is (caps["mtp_per_row_generators"] != "always")
+        assert ("mtp.forward_row_by_row(" in source) is (caps["mtp_per_row_generators"] != "always")
     assert ('forward_kwargs["seq_token_counts"]' in source) is (
         "seq_token_counts" in caps["generation_kwargs"]
     )

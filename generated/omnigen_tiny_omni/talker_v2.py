@@ -38,6 +38,8 @@ class OmnigenTinyOmniTalkerModelState(OmniModelStateV2, vllm_api_v2.DefaultModel
     PUBLISHED_KEYS = None
     # mtp.output_key: where the predicted codes land in a request's buffer.
     MTP_OUTPUT_KEY = ("codes", "audio")
+    # mtp.output_key codes.audio is not GPU-resident: the codes go to the host, one copy a step.
+    MTP_CODES_ON_DEVICE = False
     # mtp.sampling: no stage defaults.
     MTP_SAMPLING_DEFAULTS: dict[str, Any] = {}
 
@@ -85,16 +87,11 @@ class OmnigenTinyOmniTalkerModelState(OmniModelStateV2, vllm_api_v2.DefaultModel
         # mtp.graph=safe: V2 calls this hook once per capture_model, after the model's graphs;
         # each size runs eager once, then is captured. Serving only replays the captured sizes
         # (_mtp_dispatch), so nothing is captured later.
-        kwargs = mtp.sampling_kwargs(self.vllm_config.model_config, self.MTP_SAMPLING_DEFAULTS)
         with vllm_api_v2.graph_capture_context(self.device, stream):
             for size in self._mtp_capture_sizes():
-                inputs = mtp.leading_rows(self, size)
                 descriptor = vllm_api_v2.BatchDescriptor(num_tokens=size)
                 for mode in (vllm_api.CUDAGraphMode.NONE, vllm_api.CUDAGraphMode.FULL):
-                    with vllm_api.set_forward_context(
-                        None, self.vllm_config, cudagraph_runtime_mode=mode, batch_descriptor=descriptor
-                    ):
-                        self.talker_mtp(*inputs, **kwargs)
+                    mtp.call_predictor(self, (mode, descriptor, size))
 
     def add_request(self, req_index: int, new_req_data: Any) -> None:
         """V2 admits a request: vLLM's state, then omnigen's record and the payloads the request
@@ -280,110 +277,25 @@ class OmnigenTinyOmniTalkerModelState(OmniModelStateV2, vllm_api_v2.DefaultModel
         batch = len(req_ids)
         if batch == 0:
             return
-        # Model Runner V2: the smallest size the wrapped predictor has captured, else eager (2.3).
-        mode, batch_descriptor = self._mtp_dispatch(batch)
-        # mtp.graph=safe: a wrapped predictor replays the captured batch size; an unwrapped one runs eager.
-        graph_wrapped = vllm_api.is_full_graph_wrapped(self.talker_mtp)
-        if graph_wrapped:
-            padded = batch_descriptor.num_tokens
-        else:
-            mode, padded = vllm_api.CUDAGraphMode.NONE, batch
         generators = mtp.row_generators(
             self._talker_mtp_generators, self.requests, req_ids, self.talker_mtp_input_ids.gpu.device
         )
-        seeded = generators.count(None) != batch
-        if seeded and batch > 1 and graph_wrapped:
+        if batch > 1 and generators.count(None) != batch and vllm_api.is_full_graph_wrapped(self.talker_mtp):
             # mtp.per_row_generators=eager_only: a graph-wrapped predictor takes one generator,
             # so seeded rows run alone.
-            self._talker_mtp_forward_row_by_row(req_ids, generators, inputs_embeds, start_offsets)
-            return
-        kwargs = mtp.sampling_kwargs(self.vllm_config.model_config, self.MTP_SAMPLING_DEFAULTS)
-        if seeded:
-            if batch == 1:
-                kwargs["generator"] = generators[0]
-            else:
-                kwargs["generator"] = None
-                kwargs["generators"] = generators
-        with vllm_api.set_forward_context(
-            None, self.vllm_config, cudagraph_runtime_mode=mode, batch_descriptor=batch_descriptor
-        ):
-            embeds_out, codes = self.talker_mtp(*mtp.leading_rows(self, padded), **kwargs)
-        if start_offsets is None:
-            index_of = self.input_batch.req_id_to_index
-            start_offsets = [int(self.query_start_loc.cpu[index_of[req_id]]) for req_id in req_ids]
-        mtp.scatter_rows(inputs_embeds, start_offsets, embeds_out)
-        if codes is None:
-            return
-        # mtp.output_key codes.audio is not GPU-resident: one host copy, a row view per request.
-        rows = mtp.owned_code_rows(codes, batch, on_device=False)
-        mtp.store_code_rows(self, req_ids, rows, self.MTP_OUTPUT_KEY)
-
-    def _talker_mtp_forward_row_by_row(
-        self,
-        req_ids: list[str],
-        generators: list[Any],
-        inputs_embeds: torch.Tensor,
-        start_offsets: list[int] | None,
-    ) -> None:
-        """One predictor call per row, each from slot 0; the four buffers end as they began.
-
-        Only the call is per row: the one-row batch-execution query, the sampling kwargs and the
-        forward context are set up once, and each row's embedding and codes are copied out of
-        the predictor's outputs (a graph replay rewrites them) and written back together.
-        """
-        batch = len(req_ids)
-        # Model Runner V2: the smallest size the wrapped predictor has captured, else eager (2.3).
-        mode, batch_descriptor = self._mtp_dispatch(1)
-        # mtp.graph=safe: a wrapped predictor replays the captured size for one row; an unwrapped one runs eager.
-        if vllm_api.is_full_graph_wrapped(self.talker_mtp):
-            padded = batch_descriptor.num_tokens
-        else:
-            mode, padded = vllm_api.CUDAGraphMode.NONE, 1
-        kwargs = mtp.sampling_kwargs(self.vllm_config.model_config, self.MTP_SAMPLING_DEFAULTS)
-        batch_rows = mtp.leading_rows(self, batch)
-        staged = [leading.clone() for leading in batch_rows]
-        inputs = mtp.leading_rows(self, padded)
-        slots = mtp.leading_rows(self, 1)
-        embeds_rows = inputs_embeds.new_empty((batch, inputs_embeds.shape[1]))
-        codes_rows: torch.Tensor | None = None
-        with_codes: list[int] = []
-        try:
-            with vllm_api.set_forward_context(
-                None, self.vllm_config, cudagraph_runtime_mode=mode, batch_descriptor=batch_descriptor
-            ):
-                for row, generator in enumerate(generators):
-                    for slot, saved in zip(slots, staged, strict=True):
-                        slot.copy_(saved[row : row + 1])
-                    # An unseeded row gets no generator argument, as a one-row batch does.
-                    row_kwargs = kwargs if generator is None else {**kwargs, "generator": generator}
-                    embeds_out, codes = self.talker_mtp(*inputs, **row_kwargs)
-                    embeds_rows[row].copy_(embeds_out[0])
-                    if codes is None:
-                        continue
-                    if codes_rows is None:
-                        codes_rows = codes.new_empty((batch, *codes.shape[1:]))
-                    codes_rows[row].copy_(codes[0])
-                    with_codes.append(row)
-        finally:
-            for leading, saved in zip(batch_rows, staged, strict=True):
-                leading.copy_(saved)
-        if start_offsets is None:
-            index_of = self.input_batch.req_id_to_index
-            start_offsets = [int(self.query_start_loc.cpu[index_of[req_id]]) for req_id in req_ids]
-        mtp.scatter_rows(inputs_embeds, start_offsets, embeds_rows)
-        if codes_rows is None:
-            return
-        # mtp.output_key codes.audio is not GPU-resident: one host copy, a row view per request.
-        rows = mtp.row_views(codes_rows.to("cpu"))
-        if len(with_codes) == batch:
-            mtp.store_code_rows(self, req_ids, rows, self.MTP_OUTPUT_KEY)
-        else:
-            mtp.store_code_rows(
-                self,
-                [req_ids[row] for row in with_codes],
-                [rows[row] for row in with_codes],
-                self.MTP_OUTPUT_KEY,
+            mtp.forward_row_by_row(
+                self, req_ids, generators, inputs_embeds, start_offsets, self._mtp_execution(1)
             )
+            return
+        mtp.forward_batched(
+            self, req_ids, generators, inputs_embeds, start_offsets, self._mtp_execution(batch)
+        )
+
+    def _mtp_execution(self, batch: int) -> mtp.Execution:
+        """The predictor's graph mode, batch descriptor and padded rows for `batch` rows (2.3)."""
+        # Model Runner V2: the smallest size the wrapped predictor has captured, else eager.
+        mode, batch_descriptor = self._mtp_dispatch(batch)
+        return mode, batch_descriptor, batch_descriptor.num_tokens
 
     def _should_accumulate_full_payload_output(self) -> bool:
         """Whether this stage keeps a full payload to send at request end (5.2)."""

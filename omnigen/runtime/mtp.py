@@ -1,7 +1,10 @@
-"""Talker MTP mechanics (CONTRACT 2.3): seeding, sampling kwargs, write-back.
+"""Talker MTP mechanics (CONTRACT 2.3): the predictor's call, seeding, sampling kwargs, write-back.
 
-The policies (output key, GPU residency, per-row generators, graph mode) are
-decided when the runner is generated; these helpers receive them as arguments.
+The policies (output key, GPU residency, per-row generators, graph mode) are decided when the
+runner is generated: the generated runner picks the path and the graph dispatch, and hands them
+here as arguments (an ``Execution``) and class constants (``MTP_OUTPUT_KEY``,
+``MTP_CODES_ON_DEVICE``, ``MTP_SAMPLING_DEFAULTS``). What no config key changes lives
+here once: the batched call, the row-by-row fallback, the write-back.
 """
 
 from __future__ import annotations
@@ -13,8 +16,129 @@ from typing import Any
 
 import torch
 
+from omnigen.runtime import vllm_api
+
 SEED_KEY = "tts_local_seed"
 SAMPLING_NAMES = ("do_sample", "temperature", "top_k", "top_p")
+
+# How the predictor runs for a number of rows, as the generated runner's ``_mtp_execution``
+# decides it: vLLM's CUDA-graph runtime mode, the batch descriptor of the forward context, and
+# the rows handed to the predictor (the captured size a graph replays, else the rows themselves).
+Execution = tuple[Any, Any, int]
+
+
+def call_predictor(runner: Any, execution: Execution, **generator_kwargs: Any) -> tuple[Any, Any]:
+    """One call of ``runner.talker_mtp`` on the leading rows of the four MTP buffers, in the
+    forward context ``execution`` says, with the stage's sampling kwargs (and a seeded call's
+    generators): its ``(embeddings, codes)``."""
+    mode, batch_descriptor, padded = execution
+    kwargs = sampling_kwargs(runner.vllm_config.model_config, runner.MTP_SAMPLING_DEFAULTS)
+    if generator_kwargs:
+        kwargs.update(generator_kwargs)
+    with vllm_api.set_forward_context(
+        None, runner.vllm_config, cudagraph_runtime_mode=mode, batch_descriptor=batch_descriptor
+    ):
+        return runner.talker_mtp(*leading_rows(runner, padded), **kwargs)
+
+
+def forward_batched(
+    runner: Any,
+    req_ids: list[str],
+    generators: list[torch.Generator | None],
+    inputs_embeds: torch.Tensor,
+    start_offsets: list[int] | None,
+    execution: Execution,
+) -> None:
+    """The predictor on all of the step's MTP rows in one call (2.3): its embeddings written to
+    each row's place in ``inputs_embeds``, its codes stored under the stage's ``MTP_OUTPUT_KEY`` (an
+    owned device copy where ``MTP_CODES_ON_DEVICE``, else a host copy; a row view per request). Seeded rows
+    hand their generators over: one as ``generator``, several as ``generators``."""
+    batch = len(req_ids)
+    if generators.count(None) == batch:
+        embeds_out, codes = call_predictor(runner, execution)
+    elif batch == 1:
+        embeds_out, codes = call_predictor(runner, execution, generator=generators[0])
+    else:
+        embeds_out, codes = call_predictor(runner, execution, generator=None, generators=generators)
+    scatter_rows(inputs_embeds, _offsets(runner, req_ids, start_offsets), embeds_out)
+    if codes is None:
+        return
+    store_code_rows(
+        runner,
+        req_ids,
+        owned_code_rows(codes, batch, on_device=runner.MTP_CODES_ON_DEVICE),
+        runner.MTP_OUTPUT_KEY,
+    )
+
+
+def forward_row_by_row(
+    runner: Any,
+    req_ids: list[str],
+    generators: list[torch.Generator | None],
+    inputs_embeds: torch.Tensor,
+    start_offsets: list[int] | None,
+    execution: Execution,
+) -> None:
+    """One predictor call per row, each from slot 0 (``execution`` is the one-row dispatch), for a
+    predictor that takes one generator for the whole call; the four buffers end as they began.
+
+    Only the call is per row: the sampling kwargs and the forward context are set up once, and
+    each row's embedding and codes are copied out of the predictor's outputs (a graph replay
+    rewrites them) and written back together, as ``forward_batched`` writes them.
+    """
+    batch = len(req_ids)
+    mode, batch_descriptor, padded = execution
+    kwargs = sampling_kwargs(runner.vllm_config.model_config, runner.MTP_SAMPLING_DEFAULTS)
+    batch_rows = leading_rows(runner, batch)
+    staged = [leading.clone() for leading in batch_rows]
+    inputs = leading_rows(runner, padded)
+    slots = leading_rows(runner, 1)
+    embeds_rows = inputs_embeds.new_empty((batch, inputs_embeds.shape[1]))
+    codes_rows: torch.Tensor | None = None
+    with_codes: list[int] = []
+    try:
+        with vllm_api.set_forward_context(
+            None, runner.vllm_config, cudagraph_runtime_mode=mode, batch_descriptor=batch_descriptor
+        ):
+            for row, generator in enumerate(generators):
+                for slot, saved in zip(slots, staged, strict=True):
+                    slot.copy_(saved[row : row + 1])
+                # An unseeded row gets no generator argument, as a one-row batch does.
+                row_kwargs = kwargs if generator is None else {**kwargs, "generator": generator}
+                embeds_out, codes = runner.talker_mtp(*inputs, **row_kwargs)
+                embeds_rows[row].copy_(embeds_out[0])
+                if codes is None:
+                    continue
+                if codes_rows is None:
+                    codes_rows = codes.new_empty((batch, *codes.shape[1:]))
+                codes_rows[row].copy_(codes[0])
+                with_codes.append(row)
+    finally:
+        for leading, saved in zip(batch_rows, staged, strict=True):
+            leading.copy_(saved)
+    scatter_rows(inputs_embeds, _offsets(runner, req_ids, start_offsets), embeds_rows)
+    if codes_rows is None:
+        return
+    # codes_rows is already the rows' own copy: only a host key moves it.
+    rows = row_views(codes_rows if runner.MTP_CODES_ON_DEVICE else codes_rows.to("cpu"))
+    if len(with_codes) == batch:
+        store_code_rows(runner, req_ids, rows, runner.MTP_OUTPUT_KEY)
+    else:
+        store_code_rows(
+            runner,
+            [req_ids[row] for row in with_codes],
+            [rows[row] for row in with_codes],
+            runner.MTP_OUTPUT_KEY,
+        )
+
+
+def _offsets(runner: Any, req_ids: list[str], start_offsets: list[int] | None) -> list[int]:
+    """Each row's place in the step's ``inputs_embeds``: as the caller staged them, else each
+    request's first scheduled token (vLLM's ``query_start_loc``)."""
+    if start_offsets is not None:
+        return start_offsets
+    index_of = runner.input_batch.req_id_to_index
+    return [int(runner.query_start_loc.cpu[index_of[req_id]]) for req_id in req_ids]
 
 
 def row_generators(

@@ -122,7 +122,7 @@ def test_each_variant_calls_exactly_the_hooks_its_config_declares(variant):
     graph_code = "full_graph_wrapper_cls" in source or "is_full_graph_wrapped" in source
     assert graph_code is (caps["mtp_graph"] == "safe"), "unsafe / no MTP: no graph-wrapper code at all"
     if caps["talker_mtp"]:
-        assert ("_talker_mtp_forward_row_by_row" in source) is (caps["mtp_per_row_generators"] != "always")
+        assert ("mtp.forward_row_by_row(" in source) is (caps["mtp_per_row_generators"] != "always")
 
 
 @pytest.mark.parametrize("variant", EVERY_VARIANT, ids=ids(EVERY_VARIANT))
