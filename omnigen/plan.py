@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from omnigen.built import COMMITTED_PACKAGE, SCHEDULER_CLS
+from omnigen.features import FLAGS
 from omnigen.schema import DecodeBatch, Device, MTPGraph, PerRowGenerators
 from omnigen.spec import (
     BuildSpec,
@@ -248,7 +249,8 @@ class StagePlan:
             "final_output": self.final_output,
             "producer": self.producer,
             "accumulates_full_payload": self.accumulates_full_payload,
-            "preprocess_hook": self.preprocess_hook,
+            # The one-switch features (omnigen.features) the matrix states by name.
+            **{flag.name: getattr(self, flag.name) for flag in FLAGS if flag.in_matrix},
             "decode_batch": self.decode_batch,
             "talker_mtp": self.mtp is not None,
             "mtp_graph": self.mtp.graph if self.mtp else None,
@@ -258,14 +260,7 @@ class StagePlan:
             "mtp_sampling_defaults": bool(self.mtp and self.mtp.sampling_defaults),
             "gpu_resident_keys": sorted(f"{t}.{q}" for t, q in self.gpu_resident_keys),
             "refresh_every_step": self.refresh_every_step,
-            "replace_on_marker": self.replace_on_marker,
-            "multimodal_outputs": self.multimodal_outputs,
-            "decode_step_metadata": self.decode_step_metadata,
-            "request_end_payload": self.request_end_payload,
             "defers_full_payload_d2h": self.defers_full_payload_d2h,
-            "attach_request_features": self.attach_request_features,
-            "mrope": self.mrope,
-            "mrope_fallback": self.mrope_fallback,
             "async_chunk": self.async_chunk,
             "postprocess": None
             if self.postprocess is None
@@ -274,21 +269,9 @@ class StagePlan:
                 "multimodal_outputs": self.postprocess.uses_multimodal_outputs,
                 "req_infos": self.postprocess.uses_req_infos,
             },
-            "make_omni_output": self.make_omni_output,
-            "payload_hidden": self.payload_hidden,
-            "request_token_spans": self.request_token_spans,
-            "query_start_loc": self.query_start_loc,
-            "set_batch_req_ids": self.set_batch_req_ids,
-            "logits_sampling_metadata": self.logits_sampling_metadata,
             "sampler": "model" if self.model_sampler else ("none" if self.is_generation else "vllm"),
-            "on_requests_finished": self.on_requests_finished,
             "generation_kwargs": [
-                name
-                for name, on in (
-                    ("seq_token_counts", self.seq_token_counts),
-                    ("request_ids", self.request_ids),
-                )
-                if on
+                name for name in ("seq_token_counts", "request_ids") if getattr(self, name)
             ],
             "model_config": dict(self.model_config_fields),
             "text_config": self.text_config_name,
@@ -310,6 +293,19 @@ class StagePlan:
     @property
     def serve_command(self) -> str:
         return f"vllm serve MODEL_PATH --worker-cls {self.worker_cls} --scheduler-cls {SCHEDULER_CLS}"
+
+
+def _check_flag_fields() -> None:
+    """Every one-switch feature of ``omnigen.features`` is a field of the spec and the plan that
+    carry it (a feature declared there and forgotten here fails when omnigen is imported)."""
+    for carrier in (StageSpec, StagePlan):
+        fields = {field.name for field in dataclasses.fields(carrier)}
+        missing = [flag.name for flag in FLAGS if flag.name not in fields]
+        if missing:
+            raise TypeError(f"omnigen.features names {missing}, which {carrier.__name__} has no field for")
+
+
+_check_flag_fields()
 
 
 @dataclass(frozen=True)
@@ -471,35 +467,16 @@ def _plan_stage(
         producer=producer,
         next_stage_input=stage.next_stage_input,
         accumulates_full_payload=accumulates,
-        preprocess_hook=stage.preprocess_hook,
-        batch_preprocess_hook=stage.batch_preprocess_hook,
         decode_batch=decode_batch,
         mtp=mtp_plan,
         gpu_resident_keys=stage.gpu_resident_keys,
         refresh_every_step=refresh,
         sync_payloads_before_rows=sync_before_rows,
-        replace_on_marker=stage.replace_on_marker,
-        multimodal_outputs=stage.multimodal_outputs,
-        decode_step_metadata=stage.decode_step_metadata,
-        has_finish_decode_step=stage.has_finish_decode_step,
-        request_end_payload=stage.request_end_payload,
         defers_full_payload_d2h=defers,
-        attach_request_features=stage.attach_request_features,
-        mrope=stage.mrope,
         async_chunk=model.async_chunk,
         clauses=clauses,
-        mrope_fallback=stage.mrope_fallback,
         postprocess=stage.postprocess,
-        make_omni_output=stage.make_omni_output,
-        payload_hidden=stage.payload_hidden,
-        request_token_spans=stage.request_token_spans,
-        query_start_loc=stage.query_start_loc,
-        set_batch_req_ids=stage.set_batch_req_ids,
-        logits_sampling_metadata=stage.logits_sampling_metadata,
         model_sampler=stage.model_sampler,
-        on_requests_finished=stage.on_requests_finished,
-        seq_token_counts=stage.seq_token_counts,
-        request_ids=stage.request_ids,
         model_config_fields=model_config_fields,
         text_config_name=stage.hf_config_name,
         published_keys=published,
@@ -510,6 +487,8 @@ def _plan_stage(
         model_class=stage.model_class,
         v2=v2_plan,
         stream=stage.stream,
+        # The one-switch features (omnigen.features), as the spec read them.
+        **{flag.name: getattr(stage, flag.name) for flag in FLAGS},
     )
 
 
@@ -656,48 +635,26 @@ def _contract_clauses(
     """The contract clauses the stage implements, in ``CLAUSES`` order."""
     producer = stage.producer
     refresh = stage.refresh_every_step
-    clauses = ["1.1", "1.3", "4.1", "4.2", "4.4", "4.5", "5.2", "6", "7.2", "7.8"]
+    clauses = ["1.1", "1.3", "4.1", "4.2", "4.4", "4.5", "5.2", "6", "7.2", "7.5", "7.8"]
+    for flag in FLAGS:
+        if getattr(stage, flag.name):
+            clauses += flag.clauses
     if stage.postprocess is not None:
         clauses.append("7.1")
-    if stage.make_omni_output:
-        clauses.append("7.2-make-omni-output")
     if stage.kind.value == "generation":
         clauses.append("7.3")
-    if stage.on_requests_finished:
-        clauses.append("7.3-finished")
     if stage.model_sampler:
         clauses.append("7.4")
-    clauses.append("7.5")
     if stage.hf_config_name is not None:
         clauses.append("7.5-text-config")
-    if stage.mrope_fallback:
-        clauses.append("7.6")
-    if stage.query_start_loc:
-        clauses.append("7.7-query-start-loc")
-    if stage.set_batch_req_ids:
-        clauses.append("7.7-batch-req-ids")
-    if stage.logits_sampling_metadata:
-        clauses.append("7.7-logits-metadata")
-    if stage.multimodal_outputs:
-        clauses.append("1.1-omni-output")
-    if stage.decode_step_metadata:
-        clauses.append("1.2")
     if stage.mtp is not None:
         clauses += ["2.1", "2.2", "2.3", "3.2", "3.4"]
-    if stage.preprocess_hook:
-        clauses += ["3.1", "3.3", "3.6"]
     if stage.decode_batch is DecodeBatch.mtp:
         clauses += ["3.3-batch-mtp", "3.5"]
     if stage.decode_batch is DecodeBatch.plain:
         clauses += ["3.3-batch-plain", "3.5"]
-    if stage.mrope:
-        clauses.append("3.7")
-    if stage.attach_request_features:
-        clauses.append("3.8")
     if refresh:
         clauses.append("4.2-every-step")
-    if stage.replace_on_marker:
-        clauses.append("4.3")
     if accumulates:
         clauses.append("5.1")
     if published is None or published:

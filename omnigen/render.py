@@ -13,6 +13,7 @@ import difflib
 import errno
 import fcntl
 import functools
+import io
 import json
 import logging
 import os
@@ -21,6 +22,7 @@ import shutil
 import stat
 import subprocess
 import tempfile
+import tokenize
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,6 +32,7 @@ import jinja2
 import yaml
 
 from omnigen import paths
+from omnigen.features import FLAGS
 from omnigen.plan import ModelPlan, StagePlan
 
 RUFF_CONFIG = Path(__file__).resolve().parent / "ruff.toml"
@@ -153,94 +156,73 @@ def _summary(plan: StagePlan) -> str:
     if plan.producer:
         roles.append("feeds the next stage")
     sentence = f"{kind} stage" + (" that " + " and ".join(roles) if roles else "") + "."
-    features = []
-    if plan.preprocess_hook:
-        features.append("per-row preprocess hook")
+    # The one-switch features as omnigen.features words them, then what the planner decided.
+    features = [flag.wording for flag in FLAGS if flag.wording and getattr(plan, flag.name)]
     if plan.decode_batch != "none":
         features.append(f"batched decode preprocessing ({plan.decode_batch})")
     if plan.mtp:
         features.append(
             f"talker MTP (graph {plan.mtp.graph}, per-row generators {plan.mtp.per_row_generators})"
         )
-    if plan.replace_on_marker:
-        features.append("snapshot replacement on a producer marker")
-    if plan.decode_step_metadata:
-        features.append("decode-step metadata hooks")
     if plan.postprocess:
         features.append("post-forward hook")
-    if plan.make_omni_output:
-        features.append("output assembly by make_omni_output")
     if plan.model_sampler:
         features.append("the model's own sampler")
-    if plan.mrope_fallback:
-        features.append("text-only M-RoPE positions")
-    if plan.request_end_payload:
-        features.append("request-end payload")
     if features:
         sentence += " It has: " + "; ".join(features) + "."
     return sentence
 
 
-def _runtime_imports(plan: StagePlan) -> list[str]:
-    runtime_modules = ["step_outputs"]
-    if plan.replace_on_marker or plan.preprocess_hook:
-        runtime_modules.append("buffers")
-    if plan.mrope or plan.mrope_fallback:
-        runtime_modules.append("mrope")
-    if plan.mtp:
-        runtime_modules.append("mtp")
-    if plan.preprocess_hook:
-        runtime_modules.append("phases")
-    runtime_modules.append("vllm_api")
-    base_names = ["OmniRunnerBase"]
-    if plan.replace_on_marker:
-        base_names += ["cached_request_payloads", "new_request_payloads"]
-    lines = [f"from omnigen.runtime import {', '.join(sorted(runtime_modules))}"]
-    lines.append(f"from omnigen.runtime.base import {', '.join(sorted(base_names))}")
-    output_names = []
-    if plan.multimodal_outputs:
-        output_names = ["OmniOutput", "as_omni_output", "restore_flattened_omni_output"]
-    if output_names:
-        lines.append(f"from omnigen.runtime.outputs import {', '.join(output_names)}")
-    lines.append("from omnigen.runtime.worker import worker_base")
-    return lines
+# What a generated stage module may take from omnigen.runtime: modules it calls as `module.name`,
+# and names it uses bare, by the module that defines them. Each stage module imports exactly
+# those its rendered text uses (read from the text: a template that starts calling one needs no
+# second edit here), in this order.
+_RUNTIME_MODULES = ("buffers", "mrope", "mtp", "phases", "step_outputs", "vllm_api", "vllm_api_v2")
+_RUNTIME_NAMES = {
+    "omnigen.runtime.base": ("OmniRunnerBase", "cached_request_payloads", "new_request_payloads"),
+    "omnigen.runtime.outputs": ("OmniOutput", "as_omni_output", "restore_flattened_omni_output"),
+    "omnigen.runtime.v2": (
+        "FilteredKwargsRopeState",
+        "OmniModelStateV2",
+        "OmniRunnerV2",
+        "TextOnlyRopeState",
+    ),
+    "omnigen.runtime.worker": ("worker_base",),
+}
+# Where the imports go in a rendered module until they are known (a comment, so it tokenizes).
+_IMPORTS_MARK = "# omnigen: the runtime imports go here"
 
 
-def _runtime_imports_v2(plan: StagePlan) -> list[str]:
-    """The imports of a stage's V2 target module: exactly what its rendered text uses."""
-    modules = ["step_outputs", "vllm_api_v2"]
-    if plan.preprocess_hook or (plan.replace_on_marker and plan.refresh_every_step):
-        modules.append("buffers")
-    if plan.mrope:
-        modules.append("mrope")
-    if plan.mtp:
-        modules.append("mtp")
-    if plan.preprocess_hook:
-        modules.append("phases")
-    if plan.mtp or plan.make_omni_output or plan.logits_sampling_metadata:
-        modules.append("vllm_api")
-    lines = [f"from omnigen.runtime import {', '.join(sorted(modules))}"]
-    if plan.replace_on_marker and plan.refresh_every_step:
-        lines.append("from omnigen.runtime.base import cached_request_payloads, new_request_payloads")
-    output_names = set()
-    if plan.multimodal_outputs:
-        output_names |= {"OmniOutput", "as_omni_output", "restore_flattened_omni_output"}
-    if plan.make_omni_output:
-        output_names |= {"OmniOutput", "as_omni_output"}
-    if plan.set_batch_req_ids:
-        output_names.add("as_omni_output")
-    if output_names:
-        ordered = [
-            n for n in ("OmniOutput", "as_omni_output", "restore_flattened_omni_output") if n in output_names
-        ]
-        lines.append(f"from omnigen.runtime.outputs import {', '.join(ordered)}")
-    v2_names = ["OmniModelStateV2", "OmniRunnerV2"]
-    if plan.v2 is not None and plan.v2.rope_state == "text_only":
-        v2_names.append("TextOnlyRopeState")
-    if plan.v2 is not None and plan.v2.rope_state == "filtered_kwargs":
-        v2_names.append("FilteredKwargsRopeState")
-    lines.append(f"from omnigen.runtime.v2 import {', '.join(sorted(v2_names))}")
-    return lines
+def _with_runtime_imports(source: str) -> str:
+    """``source`` with its import mark replaced by the omnigen.runtime imports its code uses."""
+    used = _names_used(source)
+    lines = []
+    modules = [name for name in _RUNTIME_MODULES if name in used]
+    if modules:
+        lines.append(f"from omnigen.runtime import {', '.join(modules)}")
+    for module, names in _RUNTIME_NAMES.items():
+        taken = [name for name in names if name in used]
+        if taken:
+            lines.append(f"from {module} import {', '.join(taken)}")
+    return source.replace(_IMPORTS_MARK, "\n".join(lines), 1)
+
+
+def _names_used(source: str) -> set[str]:
+    """The names ``source``'s code refers to unqualified (not an attribute after a dot; comments
+    and strings are not code)."""
+    used = set()
+    after_dot = False
+    skipped = (tokenize.COMMENT, tokenize.NL, tokenize.NEWLINE, tokenize.INDENT, tokenize.DEDENT)
+    try:
+        for token in tokenize.generate_tokens(io.StringIO(source).readline):
+            if token.type in skipped:
+                continue
+            if token.type == tokenize.NAME and not after_dot:
+                used.add(token.string)
+            after_dot = token.type == tokenize.OP and token.string == "."
+    except (tokenize.TokenError, SyntaxError) as exc:
+        raise RenderError(f"a template rendered text that is not Python: {exc}") from exc
+    return used
 
 
 def render_stage_v2(plan: StagePlan, overrides: tuple[str, ...] = ()) -> str:
@@ -252,7 +234,9 @@ def render_stage_v2(plan: StagePlan, overrides: tuple[str, ...] = ()) -> str:
         template = env.get_template("stage_v2.py.j2")
     except jinja2.TemplateError as exc:
         raise RenderError(f"templates/stage_v2.py.j2: {exc}") from exc
-    return template.render(**_stage_context(plan, overrides), runtime_imports=_runtime_imports_v2(plan))
+    return _with_runtime_imports(
+        template.render(**_stage_context(plan, overrides), runtime_imports=[_IMPORTS_MARK])
+    )
 
 
 def _stage_context(plan: StagePlan, overrides: tuple[str, ...]) -> dict[str, Any]:
@@ -285,22 +269,13 @@ def render_stage(plan: StagePlan, overrides: tuple[str, ...] = ()) -> str:
         template = env.get_template("stage.py.j2")
     except jinja2.TemplateError as exc:
         raise RenderError(f"templates/stage.py.j2: {exc}") from exc
-    return template.render(
-        p=plan,
-        header=header(plan.source, plan.model, overrides),
-        summary=_summary(plan),
+    source = template.render(
+        **_stage_context(plan, overrides),
+        runtime_imports=[_IMPORTS_MARK],
         runner_doc="the omni runner contract with this stage's policies fixed when generated.",
         needs_numpy=plan.mtp is not None,
         needs_torch=True,
-        runtime_imports=_runtime_imports(plan),
-        gpu_keys_literal=_pyrepr(frozenset(plan.gpu_resident_keys)),
-        graph_reason=_decision(plan, "mtp.graph") if plan.mtp else "",
-        accumulate_reason=_decision(plan, "accumulates_full_payload"),
-        publish_reason=_decision(plan, "published_keys"),
-        defer_reason=_decision(plan, "defers_full_payload_d2h"),
         device_doc=device_doc,
-        forward_clauses=", ".join(c for c in plan.clauses if c in _FORWARD_CLAUSES),
-        finish_clauses=", ".join(c for c in plan.clauses if c in _FINISH_CLAUSES),
         model_config_literal=_pyrepr(dict(plan.model_config_fields)),
         v2_full_graph_reason=_decision(plan, "v2.full_graph"),
         v2_jit_warmup_reason=_decision(plan, "v2.jit_warmup"),
@@ -308,6 +283,7 @@ def render_stage(plan: StagePlan, overrides: tuple[str, ...] = ()) -> str:
             f"{name} from {_model_config_key(plan, name)}" for name, _ in plan.model_config_fields
         ),
     )
+    return _with_runtime_imports(source)
 
 
 _FORWARD_CLAUSES = ("1.1", "1.2", "7.2-make-omni-output", "7.3", "7.7-query-start-loc", "7.7-batch-req-ids")

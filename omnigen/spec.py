@@ -21,6 +21,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import MissingMandatoryValue
 
+from omnigen.features import read_flags
 from omnigen.findings import Finding, report
 from omnigen.schema import (
     DecodeBatch,
@@ -577,7 +578,6 @@ def _stage_spec(model: ModelConf, name: str, stage: Any, *, is_last: bool, findi
     _check_preprocess(pre, is_gen, key, add)
     mtp = _mtp_spec(stage.mtp, pre, is_gen, key, add)
     gpu_keys = _gpu_resident_keys(stage.buffers.gpu_resident, key, add)
-    outputs = stage.outputs
     _check_outputs(stage, is_gen, key, add)
     _check_real_model_keys(stage, key, is_gen, add)
     post = stage.postprocess
@@ -595,20 +595,10 @@ def _stage_spec(model: ModelConf, name: str, stage: Any, *, is_last: bool, findi
         publish=tuple(stage.publish),
         input_function=stage.input_function,
         devices=stage.devices,
-        preprocess_hook=pre.hook,
-        batch_preprocess_hook=pre.batch_hook,
         decode_batch=pre.decode_batch,
-        attach_request_features=pre.attach_request_features,
         mtp=mtp,
         gpu_resident_keys=tuple(sorted(gpu_keys)),
         refresh_every_step=stage.buffers.refresh_every_step,
-        replace_on_marker=stage.buffers.replace_on_marker,
-        multimodal_outputs=outputs.multimodal,
-        decode_step_metadata=outputs.decode_step_metadata,
-        has_finish_decode_step=outputs.has_finish_decode_step,
-        request_end_payload=outputs.request_end_payload,
-        mrope=stage.positions.mrope,
-        mrope_fallback=stage.positions.mrope_fallback,
         postprocess=PostprocessSpec(
             uses_hidden_states=post.uses_hidden_states,
             uses_multimodal_outputs=post.uses_multimodal_outputs,
@@ -616,20 +606,13 @@ def _stage_spec(model: ModelConf, name: str, stage: Any, *, is_last: bool, findi
         )
         if post.hook
         else None,
-        make_omni_output=outputs.make_omni_output,
-        payload_hidden=outputs.payload_hidden,
-        request_token_spans=outputs.request_token_spans,
-        query_start_loc=outputs.query_start_loc,
-        set_batch_req_ids=outputs.set_batch_req_ids,
-        logits_sampling_metadata=outputs.logits_sampling_metadata,
         model_sampler=stage.sampler is Sampler.model,
-        on_requests_finished=stage.on_requests_finished,
-        seq_token_counts=is_gen and stage.generation.seq_token_counts,
-        request_ids=is_gen and stage.generation.request_ids,
         model_class=stage.model_class,
         model_stage=deployment.model_stage,
         hf_config_name=deployment.hf_config_name,
         stream=_stream_spec(stage.stream),
+        # The one-switch features (omnigen.features): each read from its key.
+        **read_flags(stage, is_generation=is_gen),
     )
 
 

@@ -255,3 +255,29 @@ def test_override_text_in_a_header_is_never_code_or_a_coding_declaration(value):
     assert lines[1] == "# Regenerate: omnigen build model=qwen3_tts \\" and lines[-1] == "#   graph=eager"
     code = compile(data + b"\nx = 1\n", "header.py", "exec")
     assert code.co_names == ("x",), "only the line after the header is code"
+
+
+def test_a_stage_module_imports_exactly_the_runtime_names_its_code_uses():
+    """render derives the omnigen.runtime imports from the rendered code: a name in a comment or a
+    string, or an attribute of the same name, imports nothing."""
+    source = (
+        f"{render._IMPORTS_MARK}\n"
+        '"""mtp.forward_batched and phases.X in a docstring."""\n'
+        "# buffers.merge in a comment\n"
+        "class R(OmniRunnerBase):\n"
+        "    def f(self):\n"
+        "        self.step_outputs.x = 'vllm_api.y'\n"
+        "        return mtp.call_predictor(self, as_omni_output(worker_base))\n"
+    )
+    imports = render._with_runtime_imports(source).splitlines()[:4]
+    assert imports == [
+        "from omnigen.runtime import mtp",
+        "from omnigen.runtime.base import OmniRunnerBase",
+        "from omnigen.runtime.outputs import as_omni_output",
+        "from omnigen.runtime.worker import worker_base",
+    ]
+
+
+def test_a_template_that_renders_text_that_is_not_python_is_named():
+    with pytest.raises(render.RenderError, match="not Python"):
+        render._with_runtime_imports(f"{render._IMPORTS_MARK}\nx = (\n")

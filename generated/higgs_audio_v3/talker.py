@@ -2,7 +2,7 @@
 # Regenerate: omnigen build model=higgs_audio_v3
 """Higgs Audio v3, stage `talker`: the runner and the worker vLLM loads for it.
 
-An autoregressive stage. It has: decode-step metadata hooks; post-forward hook; output assembly by make_omni_output; the model's own sampler.
+An autoregressive stage. It has: decode-step metadata hooks; output assembly by make_omni_output; post-forward hook; the model's own sampler.
 
 Contract clauses (docs/contract.md): 1.1, 1.1-omni-output, 1.2, 1.3, 4.1, 4.2, 4.4, 4.5, 5.2, 6, 7.1, 7.2, 7.2-make-omni-output, 7.3-finished, 7.4, 7.5, 7.7-query-start-loc, 7.7-logits-metadata, 7.8, 8.1.
 Serve: vllm serve MODEL_PATH --worker-cls omnigen.generated.higgs_audio_v3.talker.HiggsAudioV3TalkerWorker --scheduler-cls omnigen.runtime.scheduler.OmniScheduler

@@ -11,7 +11,7 @@ adapter) and ``HiggsAudioV3TalkerRunnerV2`` builds it and adds what no state hoo
 its V1 runner, or vLLM that chose V2 and has every seam this target uses); this module is
 imported only then.
 
-An autoregressive stage. It has: decode-step metadata hooks; post-forward hook; output assembly by make_omni_output; the model's own sampler.
+An autoregressive stage. It has: decode-step metadata hooks; output assembly by make_omni_output; post-forward hook; the model's own sampler.
 
 Contract clauses (docs/contract.md): 1.1, 1.1-omni-output, 1.2, 1.3, 4.1, 4.2, 4.4, 4.5, 5.2, 6, 7.1, 7.2, 7.2-make-omni-output, 7.3-finished, 7.4, 7.5, 7.7-query-start-loc, 7.7-logits-metadata, 7.8, 8.1.
 Model Runner V2: state hooks add_request, preprocess_state, prepare_inputs, custom_sampler; runner overrides load_model, finish_requests, update_requests, execute_model, sample_tokens; full graphs kept; jit warm-up off; rope state default.

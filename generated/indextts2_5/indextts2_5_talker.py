@@ -2,7 +2,7 @@
 # Regenerate: omnigen build model=indextts2_5
 """IndexTTS-2.5, stage `indextts2_5_talker`: the runner and the worker vLLM loads for it.
 
-An autoregressive stage that feeds the next stage. It has: per-row preprocess hook; post-forward hook; output assembly by make_omni_output; request-end payload.
+An autoregressive stage that feeds the next stage. It has: per-row preprocess hook; request-end payload; output assembly by make_omni_output; post-forward hook.
 
 Contract clauses (docs/contract.md): 1.1, 1.1-omni-output, 1.3, 3.1, 3.3, 3.6, 4.1, 4.2, 4.2-every-step, 4.4, 4.5, 5.1, 5.2, 5.3, 6, 7.1, 7.2, 7.2-make-omni-output, 7.5, 7.7-logits-metadata, 7.8, 8.1, 8.2.
 Serve: vllm serve MODEL_PATH --worker-cls omnigen.generated.indextts2_5.indextts2_5_talker.Indextts25Indextts25TalkerWorker --scheduler-cls omnigen.runtime.scheduler.OmniScheduler

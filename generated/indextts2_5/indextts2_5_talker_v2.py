@@ -11,7 +11,7 @@ adapter) and ``Indextts25Indextts25TalkerRunnerV2`` builds it and adds what no s
 its V1 runner, or vLLM that chose V2 and has every seam this target uses); this module is
 imported only then.
 
-An autoregressive stage that feeds the next stage. It has: per-row preprocess hook; post-forward hook; output assembly by make_omni_output; request-end payload.
+An autoregressive stage that feeds the next stage. It has: per-row preprocess hook; request-end payload; output assembly by make_omni_output; post-forward hook.
 
 Contract clauses (docs/contract.md): 1.1, 1.1-omni-output, 1.3, 3.1, 3.3, 3.6, 4.1, 4.2, 4.2-every-step, 4.4, 4.5, 5.1, 5.2, 5.3, 6, 7.1, 7.2, 7.2-make-omni-output, 7.5, 7.7-logits-metadata, 7.8, 8.1, 8.2.
 Model Runner V2: state hooks add_request, preprocess_state, prepare_inputs, prepare_inputs_embeds; runner overrides load_model, finish_requests, update_requests, execute_model, sample_tokens; full graphs kept; jit warm-up off; rope state default.

@@ -2,7 +2,7 @@
 # Regenerate: omnigen build model=moss_tts_local
 """MOSS-TTS-Local, stage `talker`: the runner and the worker vLLM loads for it.
 
-An autoregressive stage. It has: per-row preprocess hook; batched decode preprocessing (mtp); talker MTP (graph safe, per-row generators never); post-forward hook; output assembly by make_omni_output.
+An autoregressive stage. It has: per-row preprocess hook; output assembly by make_omni_output; batched decode preprocessing (mtp); talker MTP (graph safe, per-row generators never); post-forward hook.
 
 Contract clauses (docs/contract.md): 1.1, 1.1-omni-output, 1.3, 2.1, 2.2, 2.3, 3.1, 3.2, 3.3, 3.3-batch-mtp, 3.4, 3.5, 3.6, 4.1, 4.2, 4.2-every-step, 4.4, 4.5, 5.2, 6, 7.1, 7.2, 7.2-make-omni-output, 7.5, 7.7-logits-metadata, 7.8, 8.1.
 Serve: vllm serve MODEL_PATH --worker-cls omnigen.generated.moss_tts_local.talker.MossTtsLocalTalkerWorker --scheduler-cls omnigen.runtime.scheduler.OmniScheduler

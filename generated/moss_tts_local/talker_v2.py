@@ -11,7 +11,7 @@ adapter) and ``MossTtsLocalTalkerRunnerV2`` builds it and adds what no state hoo
 its V1 runner, or vLLM that chose V2 and has every seam this target uses); this module is
 imported only then.
 
-An autoregressive stage. It has: per-row preprocess hook; batched decode preprocessing (mtp); talker MTP (graph safe, per-row generators never); post-forward hook; output assembly by make_omni_output.
+An autoregressive stage. It has: per-row preprocess hook; output assembly by make_omni_output; batched decode preprocessing (mtp); talker MTP (graph safe, per-row generators never); post-forward hook.
 
 Contract clauses (docs/contract.md): 1.1, 1.1-omni-output, 1.3, 2.1, 2.2, 2.3, 3.1, 3.2, 3.3, 3.3-batch-mtp, 3.4, 3.5, 3.6, 4.1, 4.2, 4.2-every-step, 4.4, 4.5, 5.2, 6, 7.1, 7.2, 7.2-make-omni-output, 7.5, 7.7-logits-metadata, 7.8, 8.1.
 Model Runner V2: state hooks add_request, preprocess_state, prepare_inputs, prepare_inputs_embeds, capture_inner_cudagraphs; runner overrides load_model, finish_requests, update_requests, execute_model, sample_tokens; full graphs kept; jit warm-up off; rope state default.

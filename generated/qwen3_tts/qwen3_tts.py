@@ -2,7 +2,7 @@
 # Regenerate: omnigen build model=qwen3_tts
 """Qwen3-TTS, stage `qwen3_tts`: the runner and the worker vLLM loads for it.
 
-An autoregressive stage that feeds the next stage. It has: per-row preprocess hook; batched decode preprocessing (mtp); talker MTP (graph safe, per-row generators eager_only); post-forward hook; output assembly by make_omni_output; text-only M-RoPE positions.
+An autoregressive stage that feeds the next stage. It has: per-row preprocess hook; output assembly by make_omni_output; text-only M-RoPE positions; batched decode preprocessing (mtp); talker MTP (graph safe, per-row generators eager_only); post-forward hook.
 
 Contract clauses (docs/contract.md): 1.1, 1.1-omni-output, 1.3, 2.1, 2.2, 2.3, 3.1, 3.2, 3.3, 3.3-batch-mtp, 3.4, 3.5, 3.6, 4.1, 4.2, 4.2-every-step, 4.4, 4.5, 5.1, 5.2, 6, 7.1, 7.2, 7.2-make-omni-output, 7.5, 7.6, 7.7-batch-req-ids, 7.7-logits-metadata, 7.8, 8.1, 8.2.
 Serve: vllm serve MODEL_PATH --worker-cls omnigen.generated.qwen3_tts.qwen3_tts.Qwen3TtsWorker --scheduler-cls omnigen.runtime.scheduler.OmniScheduler
