@@ -12,11 +12,12 @@ from __future__ import annotations
 import dataclasses
 import re
 from dataclasses import dataclass
+from enum import Enum
 from typing import Any
 
 from omnigen.built import COMMITTED_PACKAGE, SCHEDULER_CLS
 from omnigen.features import FLAGS
-from omnigen.schema import DecodeBatch, Device, MTPGraph, PerRowGenerators
+from omnigen.schema import DecodeBatch, Device, FinalOutput, MTPGraph, PerRowGenerators, StageKind, Transport
 from omnigen.spec import (
     BuildSpec,
     CheckpointSpec,
@@ -87,14 +88,22 @@ class Decision:
 
 @dataclass(frozen=True)
 class MTPPlan:
-    graph: str
+    graph: MTPGraph
     """Resolved graph policy: ``safe`` or ``unsafe``."""
     hidden_size_from: str
     output_key: tuple[str, str]
     output_key_gpu_resident: bool
-    per_row_generators: str
+    per_row_generators: PerRowGenerators
     """``never``, ``always`` or ``eager_only`` (``eager_only`` with graph ``unsafe`` resolves to ``always``)."""
     sampling_defaults: dict[str, Any] | None
+
+    def __post_init__(self) -> None:
+        if self.graph not in (MTPGraph.safe, MTPGraph.unsafe):
+            raise ValueError(f"an MTP plan's graph is resolved to safe or unsafe, not {self.graph!r}")
+        if not isinstance(self.per_row_generators, PerRowGenerators):
+            raise TypeError(
+                f"an MTP plan's per_row_generators must be a PerRowGenerators, not {self.per_row_generators!r}"
+            )
 
 
 @dataclass(frozen=True)
@@ -147,16 +156,16 @@ class StagePlan:
     module: str
     runner_class: str
     worker_class: str
-    device: str
-    kind: str
+    device: Device
+    kind: StageKind
     arch: str
-    final_output: str
+    final_output: FinalOutput
     producer: bool
     next_stage_input: str | None
     accumulates_full_payload: bool
     preprocess_hook: bool
     batch_preprocess_hook: bool
-    decode_batch: str
+    decode_batch: DecodeBatch
     mtp: MTPPlan | None
     gpu_resident_keys: tuple[tuple[str, str], ...]
     refresh_every_step: bool
@@ -190,7 +199,7 @@ class StagePlan:
     """The payload keys each step publishes (8.1); None: every key (a full-payload producer)."""
     input_function: str | None
     """The glue this stage applies to the previous stage's output (when that stage names none)."""
-    transport: str
+    transport: Transport
     devices: str | None
     decisions: tuple[Decision, ...]
     model_class: str | None
@@ -203,6 +212,15 @@ class StagePlan:
     def __post_init__(self) -> None:
         """What a plan may never say, whatever the config (a planner bug, not a user's error)."""
         where = f"plan of {self.model}.{self.stage}"
+        for name, enum in (
+            ("device", Device),
+            ("kind", StageKind),
+            ("final_output", FinalOutput),
+            ("decode_batch", DecodeBatch),
+            ("transport", Transport),
+        ):
+            if not isinstance(getattr(self, name), enum):
+                raise TypeError(f"{where}: {name} must be a {enum.__name__}, not {getattr(self, name)!r}")
         implied = {
             "accumulates_full_payload needs a producer": not self.accumulates_full_payload or self.producer,
             "defers_full_payload_d2h needs accumulates_full_payload and request_end_payload": (
@@ -212,8 +230,8 @@ class StagePlan:
             "sync_payloads_before_rows needs refresh_every_step outside async-chunk mode": (
                 not self.sync_payloads_before_rows or (self.refresh_every_step and not self.async_chunk)
             ),
-            "an MTP runs on an autoregressive stage": self.mtp is None or self.kind == "ar",
-            "decode_batch mtp needs an MTP": self.decode_batch != "mtp" or self.mtp is not None,
+            "an MTP runs on an autoregressive stage": self.mtp is None or self.kind is StageKind.ar,
+            "decode_batch mtp needs an MTP": self.decode_batch is not DecodeBatch.mtp or self.mtp is not None,
             "every stage has its Model Runner V2 target": self.v2 is not None,
             "clauses are known, unique and in CLAUSES order": list(self.clauses)
             == [c for c in CLAUSES if c in self.clauses],
@@ -227,14 +245,14 @@ class StagePlan:
 
     @property
     def is_generation(self) -> bool:
-        return self.kind == "generation"
+        return self.kind is StageKind.generation
 
     def pipeline_dict(self) -> dict[str, Any]:
         """What the pipeline runs this stage with (``plan.yaml``'s ``pipeline``; ``omnigen.built``)."""
         return {
             "next_stage_input": self.next_stage_input,
             "input_function": self.input_function,
-            "transport": self.transport,
+            "transport": self.transport.value,
             "devices": self.devices,
             "published_keys": None if self.published_keys is None else list(self.published_keys),
             "model_class": self.model_class,
@@ -315,7 +333,7 @@ class ModelPlan:
     arch: str
     source: str
     async_chunk: bool
-    device: str
+    device: Device
     stages: tuple[StagePlan, ...]
     checkpoint: CheckpointSpec
 
@@ -353,39 +371,52 @@ class ModelPlan:
         raise KeyError(f"model {self.name!r} has no stage {name!r}; its stages are: {known}")
 
     def as_dict(self) -> dict[str, Any]:
-        """The serializable plan (``generated/<model>/plan.yaml``)."""
-        return {
-            "model": self.name,
-            "title": self.title,
-            "arch": self.arch,
-            "source": self.source,
-            "async_chunk": self.async_chunk,
-            "device": self.device,
-            "checkpoint": {
-                "provider": self.checkpoint.provider,
-                "install": self.checkpoint.install,
-                "model_type": self.checkpoint.model_type,
-                "config_class": self.checkpoint.config_class,
-                "model_classes": self.model_classes,
-                "request_builder": self.checkpoint.request_builder,
-                "synthetic": self.checkpoint.synthetic,
-            },
-            "stages": {
-                s.stage: {
-                    "order": s.order,
-                    "module": s.module,
-                    "runner_class": s.runner_class,
-                    "worker_class": s.worker_class,
-                    "serve": s.serve_command,
-                    "capabilities": s.capabilities(),
-                    "contract_clauses": list(s.clauses),
-                    "pipeline": s.pipeline_dict(),
-                    "v2": s.v2.as_dict(s.v2_module) if s.v2 else None,
-                    "decisions": {d.name: d.as_dict() for d in s.decisions},
-                }
-                for s in self.stages
-            },
-        }
+        """The serializable plan (``generated/<model>/plan.yaml``): plain data, enums as their values."""
+        return _plain(
+            {
+                "model": self.name,
+                "title": self.title,
+                "arch": self.arch,
+                "source": self.source,
+                "async_chunk": self.async_chunk,
+                "device": self.device,
+                "checkpoint": {
+                    "provider": self.checkpoint.provider,
+                    "install": self.checkpoint.install,
+                    "model_type": self.checkpoint.model_type,
+                    "config_class": self.checkpoint.config_class,
+                    "model_classes": self.model_classes,
+                    "request_builder": self.checkpoint.request_builder,
+                    "synthetic": self.checkpoint.synthetic,
+                },
+                "stages": {
+                    s.stage: {
+                        "order": s.order,
+                        "module": s.module,
+                        "runner_class": s.runner_class,
+                        "worker_class": s.worker_class,
+                        "serve": s.serve_command,
+                        "capabilities": s.capabilities(),
+                        "contract_clauses": list(s.clauses),
+                        "pipeline": s.pipeline_dict(),
+                        "v2": s.v2.as_dict(s.v2_module) if s.v2 else None,
+                        "decisions": {d.name: d.as_dict() for d in s.decisions},
+                    }
+                    for s in self.stages
+                },
+            }
+        )
+
+
+def _plain(value: Any) -> Any:
+    """``value`` with every enum replaced by its value (YAML writes plain data only)."""
+    if isinstance(value, Enum):
+        return value.value
+    if isinstance(value, dict):
+        return {key: _plain(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(item) for item in value]
+    return value
 
 
 def camel(name: str) -> str:
@@ -408,7 +439,7 @@ def plan_build(build: BuildSpec) -> ModelPlan:
         arch=model.arch,
         source=model.source,
         async_chunk=model.async_chunk,
-        device=build.device.value,
+        device=build.device,
         checkpoint=model.checkpoint,
         stages=tuple(
             _plan_stage(model, stage, build, feeds_input_function=_next_input_function(model, i) is not None)
@@ -433,8 +464,8 @@ def _plan_stage(
         return value
 
     prefix = class_prefix(model.name, stage.name)
-    kind = stage.kind.value
-    decide("kind", kind, f"{kind} stage", f"{key}.kind")
+    kind = stage.kind
+    decide("kind", kind.value, f"{kind.value} stage", f"{key}.kind")
     device = build.device
     _decide_runner_base(device, decide)
     producer = stage.producer
@@ -460,10 +491,10 @@ def _plan_stage(
         module=f"{COMMITTED_PACKAGE}.{model.name}.{stage.name}",
         runner_class=f"{prefix}Runner",
         worker_class=f"{prefix}Worker",
-        device=device.value,
+        device=device,
         kind=kind,
         arch=stage.arch,
-        final_output=stage.final_output.value,
+        final_output=stage.final_output,
         producer=producer,
         next_stage_input=stage.next_stage_input,
         accumulates_full_payload=accumulates,
@@ -481,7 +512,7 @@ def _plan_stage(
         text_config_name=stage.hf_config_name,
         published_keys=published,
         input_function=stage.input_function,
-        transport=stage.transport.value,
+        transport=stage.transport,
         devices=stage.devices,
         decisions=tuple(decisions),
         model_class=stage.model_class,
@@ -584,11 +615,11 @@ def _decide_mtp(stage: StageSpec, build: BuildSpec, decide: Any, key: str) -> MT
             f"{key}.mtp.sampling",
         )
         mtp_plan = MTPPlan(
-            graph=graph.value,
+            graph=graph,
             hidden_size_from=mtp.hidden_size_from,
             output_key=mtp.output_key,
             output_key_gpu_resident=gpu_codes,
-            per_row_generators=per_row.value,
+            per_row_generators=per_row,
             sampling_defaults=sampling or None,
         )
     else:
@@ -596,14 +627,14 @@ def _decide_mtp(stage: StageSpec, build: BuildSpec, decide: Any, key: str) -> MT
     return mtp_plan
 
 
-def _decide_rows(model: ModelSpec, stage: StageSpec, decide: Any, key: str) -> tuple[str, bool, bool]:
+def _decide_rows(model: ModelSpec, stage: StageSpec, decide: Any, key: str) -> tuple[DecodeBatch, bool, bool]:
     """How a step's rows are prepared: decode batching (``preprocess``) and when buffers take the
     scheduler's payloads (``buffers``)."""
-    decode_batch = stage.decode_batch.value
+    decode_batch = stage.decode_batch
     decide(
         "decode_batch",
-        decode_batch,
-        f"preprocess.decode_batch={decode_batch}",
+        decode_batch.value,
+        f"preprocess.decode_batch={decode_batch.value}",
         f"{key}.preprocess.decode_batch",
     )
 

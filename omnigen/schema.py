@@ -12,7 +12,7 @@ nowhere to go) belong to ``spec.py``, not here.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from enum import Enum
+from enum import Enum, StrEnum
 from typing import Dict, List, Optional
 
 from hydra.core.config_store import ConfigStore
@@ -29,14 +29,16 @@ from omnigen.serve_schema import (  # noqa: F401  (re-exported: the schema is th
 )
 
 
-class StageKind(Enum):
+# The config's choices. StrEnums: a member equals its value and formats as it, so the templates,
+# plan.yaml and explain read a choice as its text while the spec and the plan keep the enum.
+class StageKind(StrEnum):
     """How vLLM drives a stage."""
 
     ar = "ar"
     generation = "generation"
 
 
-class FinalOutput(Enum):
+class FinalOutput(StrEnum):
     """What a stage publishes to the user, if anything."""
 
     none = "none"
@@ -44,7 +46,7 @@ class FinalOutput(Enum):
     audio = "audio"
 
 
-class DecodeBatch(Enum):
+class DecodeBatch(StrEnum):
     """How adjacent single-token decode rows reach the model's hooks."""
 
     none = "none"
@@ -52,7 +54,7 @@ class DecodeBatch(Enum):
     plain = "plain"
 
 
-class MTPGraph(Enum):
+class MTPGraph(StrEnum):
     """Whether the talker code predictor may be captured in a full CUDA graph."""
 
     auto = "auto"
@@ -60,7 +62,7 @@ class MTPGraph(Enum):
     unsafe = "unsafe"
 
 
-class PerRowGenerators(Enum):
+class PerRowGenerators(StrEnum):
     """Whether one batched predictor call may take a list of per-row generators."""
 
     never = "never"
@@ -68,14 +70,14 @@ class PerRowGenerators(Enum):
     eager_only = "eager_only"
 
 
-class Sampler(Enum):
+class Sampler(StrEnum):
     """Who turns a step's logits into tokens."""
 
     vllm = "vllm"
     model = "model"
 
 
-class Transport(Enum):
+class Transport(StrEnum):
     """How a producer's payload travels to the next stage's request."""
 
     inline = "inline"
@@ -83,7 +85,7 @@ class Transport(Enum):
     ray = "ray"
 
 
-class Device(Enum):
+class Device(StrEnum):
     """Which vLLM runner and worker a generated worker builds on."""
 
     auto = "auto"
