@@ -36,3 +36,31 @@ def test_every_option_of_every_group_composes():
 
 
 # Bad configs, bad overrides and unreadable files: tests/corpus/, run by tests/test_corpus.py.
+
+
+def test_field_docs_reads_the_docstring_under_each_field_and_nothing_else(monkeypatch):
+    """A field's doc is the string literal right under it, whitespace folded; a field followed by
+    another field, by code, by a field whose default is a string, or by nothing has none."""
+    import inspect
+
+    source = '''
+class Section:
+    documented: int = 1
+    """Two   words,
+    over two lines."""
+    undocumented: int = 2
+    before_code: int = 3
+    ignored = 4
+    before_a_string_default: int = 5
+    tag: str = "not a docstring"
+    last: int = 6
+'''
+    monkeypatch.setattr(inspect, "getsource", lambda module: source)
+    assert field_docs()["Section"] == {
+        "documented": "Two words, over two lines.",
+        "undocumented": "",
+        "before_code": "",
+        "before_a_string_default": "",
+        "tag": "",
+        "last": "",
+    }

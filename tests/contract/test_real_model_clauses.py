@@ -493,6 +493,37 @@ def test_text_only_mrope_refuses_a_request_with_multimodal_features():
         mrope.text_only_positions(req)
 
 
+def test_text_only_mrope_positions_are_int64_and_prompt_embeds_are_not_a_feature():
+    """A prompt-embeds request is text as far as positions go (vLLM lists its embeddings as an
+    ``mm_features`` entry of modality ``prompt_embeds``); positions are vLLM's int64."""
+    req = state("a", 4)
+    req.mm_features = [SimpleNamespace(modality="prompt_embeds")]
+    positions, delta = mrope.text_only_positions(req)
+    assert positions.dtype == torch.int64 and positions.tolist() == [list(range(4))] * 3 and delta == 0
+
+
+def test_text_only_mrope_refusal_names_every_modality_and_the_fix():
+    req = state("b", 5)
+    req.mm_features = [SimpleNamespace(modality=m) for m in ("image", "audio", "prompt_embeds", "image")]
+    with pytest.raises(ValueError) as refused:
+        mrope.text_only_positions(req)
+    assert str(refused.value) == (
+        "request b: positions.mrope_fallback computes text-only M-RoPE positions, but the request has "
+        "3 multimodal feature(s) (audio, image); send this stage text only, or use a model that "
+        "implements get_mrope_input_positions (positions.mrope: true)"
+    )
+
+
+def test_mrope_kwargs_filter_drops_self_and_input_tokens_of_an_unbound_function():
+    """The filter reads the function it is given: unbound, its signature names ``self`` too."""
+
+    def get_mrope_input_positions(self, input_tokens, mm_features=None):
+        raise AssertionError("only the signature is read")
+
+    kwargs = {"self": 1, "input_tokens": [2], "mm_features": [3], "other": 4}
+    assert mrope.filter_mrope_kwargs(get_mrope_input_positions, kwargs) == {"mm_features": [3]}
+
+
 def test_the_fallback_replaces_vllms_mrope_initialisation_only_where_configured():
     cls = runner_class("qwen3_tts", "qwen3_tts", ("model.stages.qwen3_tts.positions.mrope_fallback=true",))
     req = state("a", 4)
