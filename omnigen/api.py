@@ -15,6 +15,8 @@ import types
 from collections.abc import Sequence
 from typing import Any
 
+from omegaconf import DictConfig
+
 from omnigen import built, pipeline
 from omnigen.built import BuiltModel
 from omnigen.plan import ModelPlan, StagePlan
@@ -73,19 +75,24 @@ def _load(name: str, label: str, source: str) -> types.ModuleType:
     return module
 
 
-def _module(model: str, stage: str, overrides: Sequence[str]) -> types.ModuleType:
+def _module(
+    model: str, stage: str, overrides: Sequence[str], files: dict[str, str] | None = None
+) -> types.ModuleType:
+    """The variant's stage module, rendered in this process (from ``files``, the model's rendered
+    files, where the caller has them) and kept for the process's life."""
     key = (model, stage, tuple(overrides))
     module = _modules.get(key)
     if module is not None:
         return module
-    source = stage_source(model, stage, overrides)
+    source = files[f"{model}/{stage}.py"] if files is not None else stage_source(model, stage, overrides)
     digest = hashlib.sha256("\0".join(key[2]).encode()).hexdigest()[:12]
     name = f"omnigen._variants.{model}.{stage}_{digest}"
     label = f"<omnigen {model}.{stage} {' '.join(overrides)}>"
     module = _load(name, label, source)
     # The variant's V2 target is its worker module's `_v2` sibling, made when first imported
     # (its parents exist as empty packages, so the import system reaches the finder below).
-    _V2Finder.pending[f"{name}_v2"] = (model, stage, tuple(overrides), label)
+    v2_source = None if files is None else files.get(f"{model}/{stage}_v2.py")
+    _V2Finder.pending[f"{name}_v2"] = (model, stage, tuple(overrides), label, v2_source)
     parent = name
     while "." in parent:
         parent = parent.rsplit(".", 1)[0]
@@ -109,7 +116,7 @@ class _V2Finder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
     """Imports a variant's ``<stage>_v2`` module (rendered in memory) by name, as the variant's
     worker does when it builds the V2 target."""
 
-    pending: dict[str, tuple[str, str, tuple[str, ...], str]] = {}
+    pending: dict[str, tuple[str, str, tuple[str, ...], str, str | None]] = {}
 
     def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> Any:
         if fullname not in self.pending:
@@ -120,9 +127,10 @@ class _V2Finder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
         return None
 
     def exec_module(self, module: types.ModuleType) -> None:
-        model, stage, overrides, label = self.pending[module.__name__]
+        model, stage, overrides, label, source = self.pending[module.__name__]
         module.__file__ = label.replace(">", " (V2 target)>")
-        source = stage_v2_source(model, stage, overrides)
+        if source is None:
+            source = stage_v2_source(model, stage, overrides)
         exec(compile(source, module.__file__, "exec"), module.__dict__)
 
 
@@ -177,34 +185,42 @@ def runner_overrides(overrides: Sequence[str]) -> list[str]:
     return [o for o in overrides if o.startswith(RUNNER_OVERRIDES)]
 
 
-def served_model(model: str, overrides: Sequence[str] = ()) -> BuiltModel:
+def served_model(model: str, overrides: Sequence[str] = (), *, cfg: DictConfig | None = None) -> BuiltModel:
     """What ``omnigen run``/``serve`` and ``Pipeline.from_model`` serve: the built package's model
     (``generated/<model>/plan.yaml``), or with overrides that change the plan, that variant.
 
     A variant whose generated modules equal the committed ones (an override of a serving key, such
     as an edge's transport) is served by the committed workers in every mode; one that changes a
-    module is rendered in this process (``in_memory``: ``serve.mode=inproc`` only).
+    module is rendered in this process (``in_memory``: ``serve.mode=inproc`` only). ``cfg``: the
+    config the caller composed with the same overrides (composed here otherwise); the variant is
+    planned and rendered once.
     """
     overrides = runner_overrides(overrides)
     if not overrides:
         return built.load(model)
-    plan = model_plan(model, overrides)
-    changed = _changed_modules(plan, overrides)
+    if cfg is None:
+        plan = model_plan(model, overrides)
+    else:
+        plan = pipeline.plan_from_config(cfg, model, overrides)
+    files = pipeline.model_files(plan, tuple(overrides))
+    changed = _changed_modules(plan.name, files)
     # A changed package __init__ (the declared classes) is the whole model's: every stage's
     # processes would register the committed classes, so every worker is the variant's.
     variant = [
         s for s in plan.stages if f"{model}/{s.stage}.py" in changed or f"{model}/__init__.py" in changed
     ]
-    workers = {s.stage: f"{_module(model, s.stage, overrides).__name__}.{s.worker_class}" for s in variant}
+    workers = {
+        s.stage: f"{_module(model, s.stage, overrides, files).__name__}.{s.worker_class}" for s in variant
+    }
     return BuiltModel.from_plan_dict(plan.as_dict(), workers=workers or None)
 
 
-def _changed_modules(plan: ModelPlan, overrides: Sequence[str]) -> set[str]:
-    """The generated ``.py`` files (paths under the package) a variant changes from the committed
-    tree's, header comments aside (they name the overrides)."""
-    root = built.plan_file(plan.name).parent.parent
+def _changed_modules(model: str, files: dict[str, str]) -> set[str]:
+    """The generated ``.py`` files (paths under the package) of a variant's rendered ``files`` that
+    differ from the committed tree's, header comments aside (they name the overrides)."""
+    root = built.plan_file(model).parent.parent
     changed = set()
-    for path, source in pipeline.model_files(plan, tuple(overrides)).items():
+    for path, source in files.items():
         committed = root / path
         if path.endswith(".py") and (
             not committed.is_file() or _code(committed.read_text()) != _code(source)

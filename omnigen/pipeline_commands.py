@@ -97,7 +97,7 @@ def run(command: str, model: str, overrides: Sequence[str]) -> int:
 
     overrides = serve_overrides(model, overrides)
     cfg = pipeline.compose_config(model, overrides)  # the serve section (and a config error early)
-    plan = api.served_model(model, overrides)
+    plan = api.served_model(model, overrides, cfg=cfg)
     try:
         settings = read_settings(cfg, plan)
     except SettingsError as exc:

@@ -3,6 +3,7 @@ back, and serving never composes or plans a model (also held statically by ``.im
 
 from __future__ import annotations
 
+import importlib
 import subprocess
 import sys
 from pathlib import Path
@@ -68,6 +69,44 @@ def test_a_variant_that_changes_no_module_is_the_built_one():
     assert kept.stage("talker").transport == "inline" != built.load("omnigen_tiny").stage("talker").transport
     assert not any(s.in_memory for s in kept.stages)
     assert api.served_model("omnigen_tiny", ["serve.max_tokens=3"]) == built.load("omnigen_tiny")
+
+
+def test_a_variant_is_composed_planned_and_rendered_once(monkeypatch):
+    """``omnigen run``'s path: the caller's composed config is planned once, each file rendered
+    once, and the changed stage's worker is the rendered module's (its V2 target included)."""
+    from omnigen import pipeline, render
+
+    overrides = ["model.stages.talker.sampler=model", "serve.max_tokens=3"]
+    cfg = pipeline.compose_config("omnigen_tiny", overrides)
+    calls = {"compose": 0, "render": 0}
+    compose, render_files = pipeline.compose_config, render.model_files
+
+    def counted_compose(*args, **kwargs):
+        calls["compose"] += 1
+        return compose(*args, **kwargs)
+
+    def counted_render(*args, **kwargs):
+        calls["render"] += 1
+        return render_files(*args, **kwargs)
+
+    monkeypatch.setattr(pipeline, "compose_config", counted_compose)
+    monkeypatch.setattr(render, "model_files", counted_render)
+    variant = api.served_model("omnigen_tiny", overrides, cfg=cfg)
+    assert calls == {"compose": 0, "render": 1}
+    talker = variant.stage("talker")
+    assert talker.in_memory and not variant.stage("code2wav").in_memory
+    module_name, worker_name = talker.worker_cls.rsplit(".", 1)
+    worker_module = importlib.import_module(module_name)
+    assert hasattr(worker_module, worker_name)
+    # sampler=model: the variant's runner has the model's own sampler (7.4); the committed one has not.
+    plan = pipeline.plan_from_config(cfg, "omnigen_tiny")
+    runner_name = plan.stage("talker").runner_class
+    assert "_sample" in vars(getattr(worker_module, runner_name))
+    committed = importlib.import_module("omnigen.generated.omnigen_tiny.talker")
+    assert "_sample" not in vars(getattr(committed, runner_name))
+    v2 = importlib.import_module(f"{module_name}_v2")
+    assert calls["render"] == 1, "the V2 target comes from the same rendering"
+    assert v2.__file__ == "<omnigen omnigen_tiny.talker model.stages.talker.sampler=model (V2 target)>"
 
 
 def test_starting_serving_loads_no_generator():
