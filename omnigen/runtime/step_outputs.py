@@ -108,8 +108,10 @@ def generation_request_payloads(step: StepSnapshot) -> dict[str, dict[str, Any]]
     """Each request's output of a generation step (7.3): the model returns one entry per request.
 
     A tensor of one row per request or a list of one entry per request is published under
-    ``model_outputs``; a dict maps each of its keys the same way (a tensor that is not per
-    request is shared). Anything else is an error naming what came back.
+    ``model_outputs``. A dict is published key by key (nested keys dotted): a list entry is split
+    one item per request, a tensor goes whole (one host copy, the same object) to every request,
+    and any other value as it is; as vllm-omni 0.30's generation runner publishes it. Anything else
+    is an error naming what came back.
     """
     raw = step.payload
     count = len(step.req_ids)
