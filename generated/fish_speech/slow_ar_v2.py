@@ -191,7 +191,8 @@ class FishSpeechSlowArModelState(OmniModelStateV2, vllm_api_v2.DefaultModelState
                 # of one integer id, one floating-point row of the step's width and an update whose
                 # mtp_inputs, taken out of it, are two floating-point vectors of the MTP width. Written out
                 # here, not called: this runs on every MTP row of every step, and a call with its returns
-                # costs 1.5k instructions a row (phases.mtp_row_problems says what is wrong).
+                # cost 1.5k instructions a row when measured (callgrind, the tts_mtp cell at B = 256:
+                # benchmarks/host_cost.py instructions --cells tts_mtp). phases.mtp_row_problems says what is wrong.
                 if not (isinstance(out, tuple) and len(out) == 3):
                     raise ValueError(phases.mtp_row_problems(req_id, out, absent, width, mtp_width))
                 ids_out, embeds_out, update = out

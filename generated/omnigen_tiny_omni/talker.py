@@ -139,7 +139,7 @@ class OmnigenTinyOmniTalkerRunner(OmniRunnerBase, vllm_api.GPUModelRunner):
         # replays the addresses it captured, and sees the scheduled ids even when a
         # multimodal wrapper passed none (3.6). Where vLLM's step handed back a tensor it is
         # already that buffer's slice (tests/test_vllm_surface.py holds vLLM to it): not
-        # sliced again (a view costs 7.6k instructions a step).
+        # sliced again (a view costs instructions on every step: docs/measurements.md).
         if input_ids is None:
             input_ids = self.input_ids.gpu[:num_input_tokens]
         if inputs_embeds is None:

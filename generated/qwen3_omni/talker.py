@@ -151,7 +151,7 @@ class Qwen3OmniTalkerRunner(OmniRunnerBase, vllm_api.GPUModelRunner):
         # replays the addresses it captured, and sees the scheduled ids even when a
         # multimodal wrapper passed none (3.6). Where vLLM's step handed back a tensor it is
         # already that buffer's slice (tests/test_vllm_surface.py holds vLLM to it): not
-        # sliced again (a view costs 7.6k instructions a step).
+        # sliced again (a view costs instructions on every step: docs/measurements.md).
         if input_ids is None:
             input_ids = self.input_ids.gpu[:num_input_tokens]
         if inputs_embeds is None:
@@ -237,7 +237,8 @@ class Qwen3OmniTalkerRunner(OmniRunnerBase, vllm_api.GPUModelRunner):
                 # of one integer id, one floating-point row of the step's width and an update whose
                 # mtp_inputs, taken out of it, are two floating-point vectors of the MTP width. Written out
                 # here, not called: this runs on every MTP row of every step, and a call with its returns
-                # costs 1.5k instructions a row (phases.mtp_row_problems says what is wrong).
+                # cost 1.5k instructions a row when measured (callgrind, the tts_mtp cell at B = 256:
+                # benchmarks/host_cost.py instructions --cells tts_mtp). phases.mtp_row_problems says what is wrong.
                 if not (isinstance(out, tuple) and len(out) == 3):
                     raise ValueError(phases.mtp_row_problems(req_id, out, absent, width, mtp_width))
                 ids_out, embeds_out, update = out

@@ -58,7 +58,7 @@ def owned_copies(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
     by tensor: this runs for every row.)"""
     if len(tensors) > 1 and len({t.dtype for t in tensors}) == 1:
         # Tensors of one shape (one row each, the common case) stack: no sizes to read, which cost
-        # more than ``unbind`` costs over ``split`` (1.3k instructions a tensor against 0.6k).
+        # more than ``unbind`` costs over ``split`` (docs/measurements.md, 'The runtime's hot loops').
         with contextlib.suppress(RuntimeError):  # shapes or devices differ
             return list(torch.stack(tensors).detach().unbind())
         try:
@@ -99,7 +99,7 @@ def merge_updates(
     for buffer, request, update in zip(row_buffers, requests, updates, strict=True):
         if request is None or not update or not isinstance(update, dict):
             continue
-        # Keys, then a look-up, rather than ``.items()``: no items view, 0.4k instructions a dict.
+        # Keys, then a look-up, rather than ``.items()``: no items view to make (docs/measurements.md, 'The runtime's hot loops').
         for key in update:
             value = update[key]
             if not isinstance(value, dict):
@@ -113,9 +113,9 @@ def merge_updates(
                 if not (gpu_keys and (pair := (key, qualifier)) in gpu_keys):
                     # to_host(item), without the call where it would hand back the item itself: a
                     # contiguous host tensor that needs no detach. (vllm-omni stores its tensors
-                    # detached and contiguous; the two reads that keep that cost 1.3k instructions
-                    # a row on plain's decode batch: host_cost.py wall --ablate host_layout, which
-                    # turns them off through ``HOST_LAYOUT``.)
+                    # detached and contiguous; what the two reads that keep that cost is measured by
+                    # host_cost.py wall --ablate host_layout, which turns them off through
+                    # ``HOST_LAYOUT``.)
                     if (
                         type(item) is _Tensor
                         and item.is_cpu

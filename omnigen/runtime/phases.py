@@ -28,8 +28,8 @@ ROW_OVERLAP_ERROR = "Preprocessing requires rows that share no token"
 class RowPhases:
     """The rows of one step, in ``input_batch.req_ids`` order, as plain Python values (the per-row
     loops index them), with the facts the step's checks need computed once. Made once a step by
-    the readers below with positional arguments, in field order: thirteen keywords cost 5.5k
-    instructions more a call."""
+    the readers below with positional arguments, in field order: thirteen keywords cost more
+    than the step's other reads (docs/measurements.md, 'The runtime's hot loops')."""
 
     req_ids: list[str]
     starts: list[int]
@@ -109,8 +109,8 @@ def _read_one_row(
     req_ids: list[str], input_batch: Any, query_start_loc: Any, num_scheduled_tokens: dict[str, int]
 ) -> RowPhases:
     """``read_row_phases`` for a one-row step: the same values, read as scalars."""
-    # ``item`` reads a Python int out of the array at once (0.8k instructions against 1.4k for
-    # ``int(array[0])``, which makes a numpy scalar first).
+    # ``item`` reads a Python int out of the array at once; ``int(array[0])`` makes a numpy
+    # scalar first (docs/measurements.md, 'The runtime's hot loops').
     start = query_start_loc.np.item(0)
     end = start + num_scheduled_tokens[req_ids[0]]
     prompt_len = input_batch.num_prompt_tokens.item(0)
@@ -137,8 +137,7 @@ def _read_rows_vectorized(
     offsets = np.asarray(query_start_loc.np[:n], dtype=np.int64)
     span_list = list(map(num_scheduled_tokens.__getitem__, req_ids))
     # A decode step's spans are all 1 (``count`` is an identity test a row): its ends are the
-    # offsets plus one, with no array to convert the spans into (0.2k instructions a row less
-    # than ``np.fromiter``).
+    # offsets plus one, with no array to convert the spans into (docs/measurements.md, 'The runtime's hot loops').
     unit_spans = span_list.count(1) == n
     spans = 1 if unit_spans else np.array(span_list, dtype=np.int64)
     prompt_lens = input_batch.num_prompt_tokens[:n]
@@ -184,8 +183,8 @@ def row_slices(
         if torch.is_inference_mode_enabled():
             # Inside inference mode (vLLM's step), the views are of inference aliases of the
             # step's tensors: the same memory, but a view of an inference tensor carries no
-            # autograd view record, to make and to free (3k instructions a row less; the two
-            # aliases cost what about eight rows save, SPLIT_ROWS).
+            # autograd view record, to make and to free; the two aliases cost what a few rows
+            # save, hence SPLIT_ROWS (docs/measurements.md, 'Figures behind the design choices').
             input_ids, inputs_embeds = inference_alias(input_ids), inference_alias(inputs_embeds)
         return input_ids[first:last].split(spans), inputs_embeds[first:last].split(spans)
     bounds = list(zip(rows.starts, rows.ends, strict=True))
@@ -236,8 +235,7 @@ def stamp_rows(
             runner._request_buffer(req_id) if buffer is None else buffer
             for req_id, buffer in zip(rows.req_ids, row_buffers, strict=True)
         ]
-    # One plain loop: cheaper than a C-level map per key at every batch size (measured in
-    # instructions: 1.6k a row at 256 rows against 2.2k, 14k a step at one row against 35k).
+    # One plain loop: cheaper than a C-level map per key at every batch size (docs/measurements.md, 'The runtime's hot loops').
     stamped = zip(row_buffers, rows.req_ids, rows.prompt_lens, rows.computed, rows.is_prefill, strict=True)
     for buffer, req_id, prompt_len, computed, prefill in stamped:
         buffer["request_id"] = req_id
@@ -397,8 +395,8 @@ INTEGER_DTYPES = frozenset(
 FLOATING_DTYPES = frozenset(
     dtype for dtype in vars(torch).values() if isinstance(dtype, torch.dtype) and dtype.is_floating_point
 )
-"""Every dtype with ``is_floating_point``: a per-row check asks ``dtype in`` it, a set lookup
-(130 instructions less than reading the dtype's attribute, three times a talker-MTP row)."""
+"""Every dtype with ``is_floating_point``: a per-row check asks ``dtype in`` it, a set lookup,
+cheaper than reading the dtype's attribute three times a talker-MTP row (docs/measurements.md, 'The runtime's hot loops')."""
 BATCH_RESULT = {
     3: "(ids, embeddings, updates)",
     5: "(ids, embeddings, last_hidden, text_step, updates)",
@@ -543,14 +541,13 @@ class StepJournal:
         self.all_found = all_found = None not in row_buffers
         self.requests = requests = list(map(runner.requests.get, req_ids))
         try:
-            # The common step: every request known and mirrored (a specialized attribute read, 0.17k
-            # instructions a row against 0.44k for getattr with a default).
+            # The common step: every request known and mirrored, read by a plain attribute read
+            # (a getattr with a default costs more than twice as much) (docs/measurements.md, 'The runtime's hot loops').
             self._mirrors = [request.additional_information_cpu for request in requests]
         except AttributeError:
             self._mirrors = list(map(getattr, requests, itertools.repeat(MIRROR), itertools.repeat(ABSENT)))
         # Every existing buffer and every dict inside one, and a copy of each. The values are
-        # scanned by C calls (a buffer's every value, every row: a Python loop over them cost
-        # 4.2k instructions a row at 256 talker rows, this 3.0k).
+        # scanned by C calls (a buffer's every value, every row), not a Python loop (docs/measurements.md, 'The runtime's hot loops').
         existing = row_buffers if all_found else [b for b in row_buffers if b is not None]
         inner = filter(_IS_DICT, itertools.chain.from_iterable(map(dict.values, existing)))
         self._saved = saved = [*existing, *inner]
