@@ -39,7 +39,6 @@ class EngineStandIn:
 
 def oracle_server(folder: Path, media_root: Path) -> Any:
     from vllm.sampling_params import SamplingParams
-    from vllm_omni.entrypoints.openai.serving_speech import OmniOpenAIServingSpeech
     from vllm_omni.model_executor.models.qwen3_tts.configuration_qwen3_tts import Qwen3TTSConfig
 
     model_config = SimpleNamespace(
@@ -63,12 +62,18 @@ def oracle_server(folder: Path, media_root: Path) -> Any:
         SamplingParams(temperature=0.9, top_k=50, max_tokens=CONFIGURED_MAX_TOKENS, min_tokens=2),
         SamplingParams(temperature=0.0, max_tokens=65536),
     ]
-    engine = EngineStandIn(model_config, stages, sampling)
-    # OmniOpenAIServingSpeech.__init__ (serving_speech.py:382-431) less the OpenAIServing base,
-    # which wants a live engine: the same attributes in the same order.
+    return serving_speech(EngineStandIn(model_config, stages, sampling), "qwen3_tts")
+
+
+def serving_speech(engine: EngineStandIn, tts_model_type: str) -> Any:
+    """vllm-omni's ``OmniOpenAIServingSpeech`` around ``engine``, as its ``__init__``
+    (serving_speech.py:382-431) builds it less the OpenAIServing base, which wants a live engine:
+    the same attributes in the same order. It must detect ``tts_model_type`` from the stages."""
+    from vllm_omni.entrypoints.openai.serving_speech import OmniOpenAIServingSpeech
+
     server = OmniOpenAIServingSpeech.__new__(OmniOpenAIServingSpeech)
     server.engine_client = engine
-    server.model_config = model_config
+    server.model_config = engine.model_config
     server._media_connector = None
     server._allowed_local_media_path = ""
     server.model_name = None
@@ -79,7 +84,7 @@ def oracle_server(folder: Path, media_root: Path) -> Any:
     server._tts_model_type = server._detect_tts_model_type()
     server._tts_executor = None
     server._adapter = None
-    assert server._get_tts_adapter() is not None and server._tts_model_type == "qwen3_tts"
+    assert server._get_tts_adapter() is not None and server._tts_model_type == tts_model_type
     server._max_instructions_length = server._compute_max_instructions_length()
     server._tts_tokenizer = None
     server._speech_output_policies = {}

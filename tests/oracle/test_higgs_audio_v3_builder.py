@@ -69,14 +69,13 @@ def higgs_oracle_server(
     folder: Path, media_root: Path, default_max_tokens: int = CONFIGURED_MAX_TOKENS
 ) -> Any:
     """vllm-omni's speech serving object for a Higgs Audio v3 deployment of ``folder`` (both stages),
-    its engine client stood in (``tests/oracle/test_request_builders.py``'s ``EngineStandIn``), its
+    its engine client stood in (``omnigen_testing.oracle.speech_server``'s ``EngineStandIn``), its
     default sampling list vllm-omni's deploy values (stop ids: the released ones, as its pipeline
     hard-codes them)."""
     from vllm.sampling_params import SamplingParams
-    from vllm_omni.entrypoints.openai.serving_speech import OmniOpenAIServingSpeech
     from vllm_omni.transformers_utils.configs.higgs_audio_v3 import HiggsAudioV3Config
 
-    from omnigen_testing.oracle.speech_server import EngineStandIn
+    from omnigen_testing.oracle.speech_server import EngineStandIn, serving_speech
 
     model_config = SimpleNamespace(
         model=str(folder),
@@ -115,28 +114,7 @@ def higgs_oracle_server(
             temperature=0.0, top_p=1.0, top_k=-1, max_tokens=65536, seed=42, repetition_penalty=1.0
         ),
     ]
-    engine = EngineStandIn(model_config, stages, sampling)
-    # OmniOpenAIServingSpeech.__init__ (serving_speech.py:382-431) less the OpenAIServing base,
-    # which wants a live engine: the same attributes in the same order.
-    server = OmniOpenAIServingSpeech.__new__(OmniOpenAIServingSpeech)
-    server.engine_client = engine
-    server.model_config = model_config
-    server._media_connector = None
-    server._allowed_local_media_path = ""
-    server.model_name = None
-    server.forced_aligner_enabled = False
-    server._init_speaker_storage()
-    server._tts_stage = server._find_tts_stage()
-    server._is_tts = server._tts_stage is not None
-    server._tts_model_type = server._detect_tts_model_type()
-    server._tts_executor = None
-    server._adapter = None
-    assert server._get_tts_adapter() is not None and server._tts_model_type == "higgs_audio_v3"
-    server._max_instructions_length = server._compute_max_instructions_length()
-    server._tts_tokenizer = None
-    server._speech_output_policies = {}
-    server._batch_max_items = 32
-    return server
+    return serving_speech(EngineStandIn(model_config, stages, sampling), "higgs_audio_v3")
 
 
 def oracle_build(server: Any, request: SpeechInput) -> tuple[dict[str, Any], Any] | str:
