@@ -57,8 +57,8 @@ class FishSpeechSlowArModelState(OmniModelStateV2, vllm_api_v2.DefaultModelState
         """Take the model's code predictor and allocate the four MTP buffers (2.1, 2.2)."""
         talker_mtp = self.model.talker_mtp
         self.has_talker_mtp = True
-        # mtp.graph=safe;
-        # so the predictor is wrapped whenever full CUDA graphs are on.
+        # mtp.graph=safe:
+        # the predictor is wrapped whenever full CUDA graphs are on.
         if self.compilation_config.cudagraph_mode.has_full_cudagraphs():
             talker_mtp = vllm_api.full_graph_wrapper_cls()(
                 talker_mtp, self.vllm_config, runtime_mode=vllm_api.CUDAGraphMode.FULL
