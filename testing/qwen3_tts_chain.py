@@ -53,7 +53,10 @@ import time
 import wave
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any, ClassVar
+from typing import Any
+
+# Import-light (it imports vLLM and vllm-omni inside its functions, run in the oracle process only).
+from omnigen_testing.oracle import runners
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 MODULE = "omnigen_testing.qwen3_tts_chain"
@@ -64,8 +67,6 @@ _MODELS = "vllm_omni.model_executor.models.qwen3_tts"
 TALKER_CLASS = f"{_MODELS}.qwen3_tts_talker.{TALKER_ARCH}"
 CODE2WAV_CLASS = f"{_MODELS}.qwen3_tts_code2wav.{CODE2WAV_ARCH}"
 GLUE = "vllm_omni.model_executor.stage_input_processors.qwen3_tts"
-AR_RUNNER = "vllm_omni.worker.gpu_ar_model_runner.GPUARModelRunner"
-GENERATION_RUNNER = "vllm_omni.worker.gpu_generation_model_runner.GPUGenerationModelRunner"
 
 # vllm-omni's deploy/qwen3_tts.yaml (stage 0's default_sampling_params and subtalker sampling)
 # and model_executor/models/qwen3_tts/pipeline.py (sampling_constraints).
@@ -190,16 +191,25 @@ SHARPEN = 20.0
 
 def write_checkpoint(folder: Path) -> Path:
     """The tiny CustomVoice checkpoint (testing/checkpoints), its SHARPENED tensors scaled."""
-    from safetensors.torch import load_file, save_file
-
     from omnigen_testing.checkpoints import write_qwen3_tts
 
-    folder = write_qwen3_tts(folder, variant="custom_voice", seed=0)
+    return sharpen(write_qwen3_tts(folder, variant="custom_voice", seed=0), SHARPENED, SHARPEN)
+
+
+def sharpen(folder: Path, prefixes: tuple[str, ...], factor: float) -> Path:
+    """Scale the tensors of a tiny checkpoint's ``model.safetensors`` whose names start with one
+    of ``prefixes`` by ``factor`` (in float, stored back in their dtype): names and shapes stay
+    the released ones. A prefix naming no tensor is an error (the checkpoint writer renamed it)."""
+    from safetensors.torch import load_file, save_file
+
     path = folder / "model.safetensors"
     tensors = load_file(str(path))
+    unmatched = [prefix for prefix in prefixes if not any(name.startswith(prefix) for name in tensors)]
+    if unmatched:
+        raise ValueError(f"{path}: no tensor named {unmatched} to sharpen")
     for name, tensor in tensors.items():
-        if name.startswith(SHARPENED):
-            tensors[name] = (tensor.float() * SHARPEN).to(tensor.dtype)
+        if name.startswith(prefixes):
+            tensors[name] = (tensor.float() * factor).to(tensor.dtype)
     save_file(tensors, str(path), metadata={"format": "pt"})
     return folder
 
@@ -258,20 +268,6 @@ def _unb64(text: str) -> Any:
 # =========================================================================== oracle side
 # Everything below runs only in the oracle process (vLLM and vllm-omni are imported there).
 
-ORACLE_ENV = {
-    # Engine cores in this process: the worker classes below live in this module.
-    "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
-    "VLLM_CPU_KVCACHE_SPACE": "1",
-    "VLLM_USE_V2_MODEL_RUNNER": "0",  # vllm-omni's runners subclass the V1 runner
-    # No plugin at all (neither vllm-omni's nor omnigen's): the classes are registered by hand.
-    "VLLM_PLUGINS": "",
-    # Request ids as given, so the runner's ids are the outputs' ids.
-    "VLLM_DISABLE_REQUEST_ID_RANDOMIZATION": "1",
-    "TOKENIZERS_PARALLELISM": "false",
-    "HF_HUB_OFFLINE": "1",
-    "TRANSFORMERS_OFFLINE": "1",
-}
-
 # Filled by the runners: per talker request what its full-payload producer built; per code2wav
 # request its output payload.
 TALKER_FLUSHED: dict[str, dict[str, Any]] = {}
@@ -280,136 +276,35 @@ _REQUEST_NUMBERS = itertools.count(1)
 _CHAINS: list[Any] = []
 
 
-def _publish(cls: type) -> str:
-    """Make a class built at run time resolvable by qualified name (vLLM's worker_cls)."""
-    module = sys.modules[__name__]
-    setattr(module, cls.__name__, cls)
-    cls.__module__ = __name__
-    cls.__qualname__ = cls.__name__
-    return f"{__name__}.{cls.__name__}"
-
-
-def _omni_fields(stage: str) -> dict[str, Any]:
-    """vllm-omni's OmniModelConfig fields of the stage (its qwen3_tts/pipeline.py, full payload)."""
-    from omnigen_testing.real.harness import OMNI_MODEL_CONFIG_DEFAULTS
-
-    if stage == "qwen3_tts":
-        own = {
-            "stage_id": 0,
-            "model_stage": "qwen3_tts",
-            "model_arch": TALKER_ARCH,
-            "worker_type": "ar",
-            "engine_output_type": "latent",
-            "async_chunk": False,
-            "custom_process_next_stage_input_func": f"{GLUE}.talker2code2wav_full_payload",
-            "subtalker_sampling_params": dict(SUBTALKER_SAMPLING),
-        }
-    else:
-        own = {
-            "stage_id": 1,
-            "model_stage": "code2wav",
-            "model_arch": CODE2WAV_ARCH,
-            "worker_type": "generation",
-            "engine_output_type": "audio",
-            "final_output": True,
-            "async_chunk": False,
-        }
-    return {**OMNI_MODEL_CONFIG_DEFAULTS, **own}
+def _omni_fields() -> dict[str, dict[str, Any]]:
+    """vllm-omni's OmniModelConfig fields of each stage (its qwen3_tts/pipeline.py, full payload)."""
+    return runners.tts_stage_fields(
+        "qwen3_tts",
+        TALKER_ARCH,
+        CODE2WAV_ARCH,
+        custom_process_next_stage_input_func=f"{GLUE}.talker2code2wav_full_payload",
+        subtalker_sampling_params=dict(SUBTALKER_SAMPLING),
+    )
 
 
 def _oracle_classes(tag: str) -> dict[str, dict[str, Any]]:
     """The worker (qualified name) and scheduler class of each stage (``tag``: one chain's)."""
-    from vllm.v1.worker.cpu_model_runner import CPUModelRunner
-    from vllm.v1.worker.cpu_worker import CPUWorker
-    from vllm_omni.distributed.omni_connectors.model_runner.omni_connector_runtime import (
-        should_accumulate_full_payload_output,
-    )
-    from vllm_omni.worker.gpu_ar_model_runner import GPUARModelRunner
-    from vllm_omni.worker.gpu_generation_model_runner import GPUGenerationModelRunner
-
-    from omnigen_testing.real import harness
-
-    class OracleTalkerRunner(GPUARModelRunner, CPUModelRunner):
-        """vllm-omni's AR runner on vLLM's CPU runner. Its full-payload producer runs as in a
-        deployment; only the hand-over to a connector is replaced by keeping the payload."""
-
-        def _should_accumulate_full_payload_output(self) -> bool:
-            # vllm-omni's own gate, without its "is there a connector" shortcut (there is none).
-            return should_accumulate_full_payload_output(
-                self._get_model_config(), getattr(self, "_custom_process_func", None)
-            )
-
-        def send_full_payload_outputs(self, scheduler_output: Any, outputs: dict[str, Any]) -> list[str]:
-            for req_id, (accumulated, request) in outputs.items():
-                TALKER_FLUSHED[req_id] = {
-                    "accumulated": accumulated,
-                    # talker2code2wav_full_payload, called the way the runner calls its hook.
-                    "payload": self._build_custom_process_payload(
-                        request_id=req_id, request=request, pooling_output=accumulated, propagate_errors=True
-                    ),
-                    "output_token_ids": list(request.output_token_ids),
-                }
-            return list(outputs)
-
-    class OracleCode2WavRunner(GPUGenerationModelRunner, CPUModelRunner):
-        """vllm-omni's generation runner on vLLM's CPU runner; keeps each request's output."""
-
-        def execute_model(self, *args: Any, **kwargs: Any) -> Any:
-            return self._keep(super().execute_model(*args, **kwargs))
-
-        def sample_tokens(self, *args: Any, **kwargs: Any) -> Any:
-            return self._keep(super().sample_tokens(*args, **kwargs))
-
-        def _keep(self, out: Any) -> Any:
-            found = out.get_output() if out is not None and hasattr(out, "get_output") else out
-            outputs = getattr(found, "multimodal_outputs", None)
-            if outputs:
-                for rid, payload in zip(found.req_ids, outputs, strict=False):
-                    if payload:
-                        CODE2WAV_OUTPUTS[rid] = dict(payload)
-            return out
-
-    def worker(stage: str, runner: type) -> str:
-        fields = _omni_fields(stage)
-
-        class Worker(CPUWorker):
-            runner_class: ClassVar[type] = runner
-
-            def init_device(self) -> None:
-                model_config = self.vllm_config.model_config
-                for key, value in fields.items():  # what OmniModelConfig adds to vLLM's
-                    setattr(model_config, key, value)
-                compilation = self.vllm_config.compilation_config
-                if compilation.max_cudagraph_capture_size is None:  # read by _init_talker_mtp
-                    compilation.max_cudagraph_capture_size = self.vllm_config.scheduler_config.max_num_seqs
-                import vllm.v1.worker.cpu_worker as cpu_worker
-
-                original = cpu_worker.CPUModelRunner
-                cpu_worker.CPUModelRunner = runner
-                try:
-                    super().init_device()
-                finally:
-                    cpu_worker.CPUModelRunner = original
-
-        Worker.__name__ = runner.__name__.replace("Runner", "Worker")
-        return _publish(Worker)
-
-    for cls in (OracleTalkerRunner, OracleCode2WavRunner):
-        cls.__name__ = f"{cls.__name__}_{tag}"
-        _publish(cls)
+    talker = runners.full_payload_ar_runner(f"OracleTalkerRunner_{tag}", TALKER_FLUSHED)
+    code2wav = runners.generation_runner(f"OracleCode2WavRunner_{tag}", CODE2WAV_OUTPUTS)
+    fields = _omni_fields()
     return {
-        "qwen3_tts": {
-            "worker_cls": worker("qwen3_tts", OracleTalkerRunner),
-            "scheduler_cls": harness.oracle_scheduler_cls(
-                SimpleNamespace(name="talker", oracle_runner=AR_RUNNER)
-            ),
-        },
-        "code2wav": {
-            "worker_cls": worker("code2wav", OracleCode2WavRunner),
-            "scheduler_cls": harness.oracle_scheduler_cls(
-                SimpleNamespace(name="code2wav", oracle_runner=GENERATION_RUNNER)
-            ),
-        },
+        "qwen3_tts": runners.engine_classes(
+            talker,
+            fields["talker"],
+            worker_name=f"OracleTalkerWorker_{tag}",
+            scheduler_name="talker",
+        ),
+        "code2wav": runners.engine_classes(
+            code2wav,
+            fields["code2wav"],
+            worker_name=f"OracleCode2WavWorker_{tag}",
+            scheduler_name="code2wav",
+        ),
     }
 
 
@@ -429,14 +324,7 @@ class OracleChain:
     """vllm-omni's serving layer, talker runner, glue and code2wav runner, chained by hand."""
 
     def __init__(self, checkpoint: Path, settings: ChainSettings, scratch: Path) -> None:
-        from omnigen_testing.real import harness
-
-        harness.install_standins()  # vllm-omni imports torchaudio at module level
-        import vllm_omni  # noqa: F401  (its patch.py: vllm-omni's runners need the patched classes)
-
-        harness._answer_torch_inductor()  # no CPU OmniPlatform: the code predictor runs eager
-        for arch, model_class in ((TALKER_ARCH, TALKER_CLASS), (CODE2WAV_ARCH, CODE2WAV_CLASS)):
-            harness.register_case(SimpleNamespace(arch=arch, model_class=model_class), checkpoint)
+        runners.load_vllm_omni(checkpoint, {TALKER_ARCH: TALKER_CLASS, CODE2WAV_ARCH: CODE2WAV_CLASS})
         from vllm import LLM, SamplingParams
 
         from omnigen_testing.oracle.speech_server import oracle_server
@@ -507,8 +395,6 @@ class OracleChain:
     def _chain(self, built: list[tuple[dict[str, Any], Any]]) -> list[dict[str, Any]]:
         import numpy as np
         from vllm import SamplingParams
-        from vllm_omni.entrypoints.openai.audio_utils_mixin import AudioMixin
-        from vllm_omni.entrypoints.openai.protocol.audio import CreateAudio
         from vllm_omni.model_executor.stage_input_processors.qwen3_tts import talker2code2wav_token_only
 
         from omnigen_testing.real.harness import ORACLE_PAYLOAD_KEY
@@ -525,20 +411,12 @@ class OracleChain:
             sp.extra_args = {**(sp.extra_args or {}), ORACLE_PAYLOAD_KEY: prompt["additional_information"]}
             params.append(sp)
         talker = self.engines["qwen3_tts"]
-        outs = self._generate(talker, prompts, params, ids)
-        # The runner flushes a finished request's payload at its next step: one more (empty) step.
-        for _ in range(4):
-            if all(rid in TALKER_FLUSHED for rid in ids):
-                break
-            talker.llm_engine.step()
-        missing = [rid for rid in ids if rid not in TALKER_FLUSHED]
-        if missing:
-            raise RuntimeError(f"the talker runner flushed no full payload for {missing}")
+        outs = runners.generate(talker, prompts, params, ids)
+        flushed_all = runners.flushed_payloads(talker, TALKER_FLUSHED, ids)
 
         # 2. the glue: the producer's payload, the orchestrator's token-only prompt.
         prompts2, params2, talker_info = [], [], []
-        for rid, out, (prompt, _) in zip(ids, outs, built, strict=True):
-            flushed = TALKER_FLUSHED.pop(rid)
+        for rid, out, (prompt, _), flushed in zip(ids, outs, built, flushed_all, strict=True):
             completion = out.outputs[0]
             talker_output = SimpleNamespace(
                 request_id=rid,
@@ -576,52 +454,22 @@ class OracleChain:
 
         # 3. code2wav.
         ids2 = [f"{rid}-code2wav" for rid in ids]
-        self._generate(self.engines["code2wav"], prompts2, params2, ids2)
+        runners.generate(self.engines["code2wav"], prompts2, params2, ids2)
         results = []
         for rid, info in zip(ids2, talker_info, strict=True):
-            output = CODE2WAV_OUTPUTS.pop(rid, None)
-            if output is None or output.get("model_outputs") is None:
-                raise RuntimeError(f"code2wav returned no audio for {rid}: {output}")
-            audio = output["model_outputs"].float().detach().cpu().numpy()
-            if audio.ndim > 1:
-                audio = audio.squeeze()
-            sr = output.get("sr", 24000)
-            sample_rate = int(sr.item() if hasattr(sr, "item") else sr)
-            wav = AudioMixin().create_audio(
-                CreateAudio(
-                    audio_tensor=audio, sample_rate=sample_rate, response_format="wav", base64_encode=False
-                )
-            )
+            audio, sample_rate = runners.code2wav_audio(CODE2WAV_OUTPUTS, rid)
             results.append(
                 {
                     **info,
                     "audio": _b64(np.asarray(audio, dtype=np.float32)),
                     "sample_rate": sample_rate,
-                    "wav": base64.b64encode(wav.audio_data).decode(),
+                    "wav": runners.vllm_omni_wav(audio, sample_rate),
                 }
             )
         return results
 
-    @staticmethod
-    def _generate(llm: Any, prompts: list[dict[str, Any]], params: list[Any], ids: list[str]) -> list[Any]:
-        """``LLM.generate`` with the request ids given (the runners key their results by them)."""
-        engine = llm.llm_engine
-        for rid, prompt, sp in zip(ids, prompts, params, strict=True):
-            engine.add_request(rid, prompt, sp)
-        finished: dict[str, Any] = {}
-        while engine.has_unfinished_requests():
-            for out in engine.step():
-                if out.finished:
-                    finished[out.request_id] = out
-        return [finished[rid] for rid in ids]
-
     def close(self) -> None:
-        from vllm.distributed.parallel_state import cleanup_dist_env_and_memory
-
-        for llm in self.engines.values():
-            llm.llm_engine.engine_core.shutdown()
-        self.engines.clear()
-        cleanup_dist_env_and_memory()
+        runners.shutdown(self.engines)
 
 
 def oracle_main(argv: list[str]) -> int:
@@ -639,11 +487,7 @@ def oracle_main(argv: list[str]) -> int:
     parser.add_argument("--scratch", type=Path, default=None)
     args = parser.parse_args(argv)
     started = time.time()
-    os.environ.update(ORACLE_ENV)
-    if str(REPO_ROOT) not in sys.path:
-        sys.path.insert(0, str(REPO_ROOT))
-    answers = os.fdopen(os.dup(1), "w", buffering=1)
-    os.dup2(2, 1)  # everything else printed goes to stderr
+    answers = runners.oracle_answers(REPO_ROOT)
     import tempfile
 
     scratch = args.scratch or Path(tempfile.mkdtemp(prefix="oracle-qwen3-tts-"))
@@ -663,9 +507,7 @@ def oracle_main(argv: list[str]) -> int:
                 chain = chains[command.get("chain") or next(iter(chains))]
                 reply = chain.run(command["requests"], bool(command.get("batch")))
             except Exception as exc:  # answered, so the caller reports it
-                import traceback
-
-                reply = {"error": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc()[-6000:]}
+                reply = runners.error_reply(exc)
             reply["time"] = time.time()
             answers.write(json.dumps(reply) + "\n")
     finally:
@@ -689,7 +531,7 @@ def omnigen_environment() -> dict[str, str]:
     env.update(
         {
             "VLLM_CPU_KVCACHE_SPACE": "1",
-            # ``omnigen run``'s in-process engines: one OpenMP thread (see start_oracle); those of
+            # ``omnigen run``'s in-process engines: one OpenMP thread (see runners.start_oracle_process); those of
             # ``omnigen serve`` get one from vLLM's CPU worker either way.
             "OMP_NUM_THREADS": "1",
             "VLLM_PLUGINS": "omnigen",
@@ -717,33 +559,9 @@ def speech_body(spec: dict[str, Any]) -> dict[str, Any]:
 def start_oracle(
     checkpoint: Path, chains: dict[str, ChainSettings], log: Path, scratch: Path
 ) -> subprocess.Popen:
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), env.get("PYTHONPATH")) if p)
-    # One OpenMP thread, as vLLM's CPU worker binds each engine of ``omnigen serve`` (mp: "core
-    # ids=[0]"); in-process engines are not bound. Two threads on a loaded two-core machine stall
-    # at every barrier (seen: 50 times slower); the audio is the same with one or two.
-    env["OMP_NUM_THREADS"] = "1"
-    command = [
-        sys.executable,
-        "-m",
-        MODULE,
-        "oracle",
-        "--checkpoint",
-        str(checkpoint),
-        "--scratch",
-        str(scratch),
-    ]
-    command += ["--chains", json.dumps({name: dataclasses.asdict(s) for name, s in chains.items()})]
-    with log.open("w") as err:
-        return subprocess.Popen(
-            command,
-            cwd=REPO_ROOT,
-            env=env,
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=err,
-            text=True,
-        )
+    args = ["--checkpoint", str(checkpoint), "--scratch", str(scratch)]
+    args += ["--chains", json.dumps({name: dataclasses.asdict(s) for name, s in chains.items()})]
+    return runners.start_oracle_process(MODULE, args, log, REPO_ROOT, stdin=True)
 
 
 def omnigen_command(command: str, checkpoint: Path, settings: ChainSettings, *extra: str) -> list[str]:
@@ -792,6 +610,84 @@ def wait_healthy(process: subprocess.Popen, base: str, log: Path, timeout: float
     raise AssertionError(f"omnigen serve did not come up in {timeout:.0f} s:\n{log.read_text()[-4000:]}")
 
 
+def require_vllm_omni() -> None:
+    """Skip the calling test module where vllm-omni (the model classes and the oracle) is not
+    installed. Found, not imported: the pytest process never imports vLLM or vllm-omni (the oracle
+    process does)."""
+    import importlib.util
+
+    import pytest
+
+    if importlib.util.find_spec("vllm_omni") is None:
+        pytest.skip(
+            "vllm-omni (the model classes and the oracle) is not installed: it is tied to vLLM 0.30",
+            allow_module_level=True,
+        )
+
+
+def post_speech(client: Any, body: dict[str, Any], label: str) -> bytes:
+    """``POST /v1/audio/speech`` through an httpx client: the WAV answered (200, audio/wav)."""
+    response = client.post("/v1/audio/speech", json=body)
+    assert response.status_code == 200, f"{label}: {response.status_code} {response.text[:2000]}"
+    assert response.headers["content-type"] == "audio/wav"
+    return response.content
+
+
+def post_speech_streamed(client: Any, body: dict[str, Any]) -> bytes:
+    """``POST /v1/audio/speech`` streamed: the raw PCM16 as code2wav decodes each window."""
+    streamed = client.post(
+        "/v1/audio/speech", json={**body, "stream_format": "audio", "response_format": "pcm"}
+    )
+    assert streamed.status_code == 200, streamed.text[:2000]
+    return streamed.content
+
+
+@dataclasses.dataclass
+class ServerEnd:
+    """How ``omnigen serve`` ended (``stop_server``): its exit code after SIGTERM, the processes it
+    started that outlived it ("PID NAME"), its whole log."""
+
+    serve_exit: int
+    orphans: list[str]
+    serve_log: str
+
+
+def stop_server(process: subprocess.Popen, log: Path) -> ServerEnd:
+    """SIGTERM to ``omnigen serve``; the processes it started that outlived it are killed then,
+    never left behind, and its log read once nothing of it runs."""
+    import signal
+
+    import psutil
+
+    descendants = psutil.Process(process.pid).children(recursive=True)
+    process.send_signal(signal.SIGTERM)
+    code = process.wait(120)
+    _, alive = psutil.wait_procs(descendants, timeout=30)
+    orphans = [f"{p.pid} {p.name()}" for p in alive]
+    for orphan in alive:
+        orphan.kill()
+    return ServerEnd(serve_exit=code, orphans=orphans, serve_log=log.read_text())
+
+
+def oracle_results(out: str, log: Path, *, commands: bool = False) -> dict[str, dict[str, Any]]:
+    """The results of an oracle process's one answer (``out``: its stdout), by request id; the end
+    of its ``log`` in the message where it answered anything else or an error. ``commands``: a
+    command-driven oracle (``oracle_main`` here), which also says when it is ready."""
+    replies = [json.loads(line) for line in out.splitlines() if line.strip()]
+    if commands:
+        replies = [reply for reply in replies if "results" in reply or "error" in reply]
+    assert len(replies) == 1 and "error" not in replies[0], f"oracle: {replies}\n{log.read_text()[-6000:]}"
+    return {result["id"]: result for result in replies[0]["results"]}
+
+
+def kill_all(*processes: subprocess.Popen) -> None:
+    """Kill those of the processes still running (a fixture's cleanup, whatever failed)."""
+    for process in processes:
+        if process.poll() is None:
+            process.kill()
+            process.wait(30)
+
+
 def finished_run(process: subprocess.Popen, wav: Path, log: Path) -> bytes:
     code = process.wait(RUN_TIMEOUT_S)
     assert code == 0 and wav.is_file(), f"omnigen run exited {code}:\n{log.read_text()[-4000:]}"
@@ -800,7 +696,7 @@ def finished_run(process: subprocess.Popen, wav: Path, log: Path) -> bytes:
 
 if __name__ == "__main__":
     if len(sys.argv) > 1 and sys.argv[1] == "oracle":
-        # Run in the module's importable copy, so vLLM resolves the published worker classes.
+        # Run in the module's importable copy: one copy of its globals (the dicts its runners fill).
         from omnigen_testing import qwen3_tts_chain as _self
 
         sys.exit(_self.oracle_main(sys.argv[2:]))

@@ -56,7 +56,6 @@ from __future__ import annotations
 import argparse
 import base64
 import dataclasses
-import importlib.util
 import itertools
 import json
 import os
@@ -66,34 +65,37 @@ import sys
 import time
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any, ClassVar
+from typing import Any
 
 import pytest
 
-pytestmark = pytest.mark.e2e
-
-# Found, not imported (the pytest process never imports vLLM or vllm-omni; the oracle process does).
-if importlib.util.find_spec("vllm_omni") is None:
-    pytest.skip(
-        "vllm-omni (the model classes and the oracle) is not installed: it is tied to vLLM 0.30",
-        allow_module_level=True,
-    )
-
-# The audio and process helpers of the Qwen3-TTS pipeline test (no test of its is collected here).
-from omnigen_testing.qwen3_tts_chain import (  # noqa: E402
-    ORACLE_ENV,
+# The oracle's runners, and the audio and process helpers of the Qwen3-TTS pipeline test (no test
+# of its is collected here). Both import-light: vLLM and vllm-omni only in the oracle process.
+from omnigen_testing.oracle import runners
+from omnigen_testing.qwen3_tts_chain import (
+    REPO_ROOT,
+    ServerEnd,
     _b64,
     _unb64,
     finished_run,
     first_difference,
     free_port,
+    kill_all,
     omnigen_environment,
+    oracle_results,
     pcm16,
+    post_speech,
+    post_speech_streamed,
+    require_vllm_omni,
+    sharpen,
+    stop_server,
     wait_healthy,
     wav_samples,
 )
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+pytestmark = pytest.mark.e2e
+require_vllm_omni()
+
 MODULE = "tests.e2e.test_real_higgs_audio_v3"
 
 TALKER_ARCH = "HiggsAudioV3TalkerForConditionalGeneration"
@@ -101,8 +103,6 @@ CODE2WAV_ARCH = "HiggsAudioV3Code2WavForConditionalGeneration"
 _MODELS = "vllm_omni.model_executor.models.higgs_audio_v3"
 TALKER_CLASS = f"{_MODELS}.higgs_audio_v3_talker.{TALKER_ARCH}"
 CODE2WAV_CLASS = f"{_MODELS}.higgs_audio_v3_code2wav.HiggsAudioV3Code2Wav"
-AR_RUNNER = "vllm_omni.worker.gpu_ar_model_runner.GPUARModelRunner"
-GENERATION_RUNNER = "vllm_omni.worker.gpu_generation_model_runner.GPUGenerationModelRunner"
 NUM_CODEBOOKS = 8
 SAMPLES_PER_FRAME = 960
 
@@ -112,7 +112,6 @@ TALKER_SAMPLING = {"temperature": 1.0, "top_p": 0.95, "top_k": 50, "repetition_p
 
 ORACLE_TIMEOUT_S = 900
 SERVE_TIMEOUT_S = 420
-RUN_TIMEOUT_S = 600
 
 
 # --------------------------------------------------------------------------- settings
@@ -219,17 +218,9 @@ SHARPEN = 20.0
 
 def write_checkpoint(folder: Path) -> Path:
     """The tiny checkpoint (testing/checkpoints), its SHARPENED tensors scaled."""
-    from safetensors.torch import load_file, save_file
-
     from omnigen_testing.checkpoints import write_higgs_audio_v3
 
-    folder = write_higgs_audio_v3(folder, seed=0)
-    path = folder / "model.safetensors"
-    tensors = load_file(str(path))
-    for name in SHARPENED:
-        tensors[name] = (tensors[name].float() * SHARPEN).to(tensors[name].dtype)
-    save_file(tensors, str(path), metadata={"format": "pt"})
-    return folder
+    return sharpen(write_higgs_audio_v3(folder, seed=0), SHARPENED, SHARPEN)
 
 
 def code2wav_prompt_bound(tokens: int) -> int:
@@ -247,15 +238,6 @@ CODE2WAV_OUTPUTS: dict[str, dict[str, Any]] = {}
 _REQUEST_NUMBERS = itertools.count(1)
 
 
-def _publish(cls: type) -> str:
-    """Make a class built at run time resolvable by qualified name (vLLM's worker_cls)."""
-    module = sys.modules[__name__]
-    setattr(module, cls.__name__, cls)
-    cls.__module__ = __name__
-    cls.__qualname__ = cls.__name__
-    return f"{__name__}.{cls.__name__}"
-
-
 def _no_stream_capture() -> None:
     """vllm-omni's code2wav asks ``torch.cuda.is_current_stream_capturing()`` before each decode;
     this CPU build of torch raises there instead of answering. No stream captures on it: False."""
@@ -265,114 +247,26 @@ def _no_stream_capture() -> None:
         torch.cuda.is_current_stream_capturing = lambda: False
 
 
-def _omni_fields(stage: str) -> dict[str, Any]:
-    """vllm-omni's OmniModelConfig fields of the stage (its higgs_audio_v3/pipeline.py, sync)."""
-    from omnigen_testing.real.harness import OMNI_MODEL_CONFIG_DEFAULTS
-
-    if stage == "talker":
-        own = {
-            "stage_id": 0,
-            "model_stage": "higgs_audio_v3",
-            "model_arch": TALKER_ARCH,
-            "worker_type": "ar",
-            "engine_output_type": "latent",
-            "async_chunk": False,
-        }
-    else:
-        own = {
-            "stage_id": 1,
-            "model_stage": "code2wav",
-            "model_arch": CODE2WAV_ARCH,
-            "worker_type": "generation",
-            "engine_output_type": "audio",
-            "final_output": True,
-            "async_chunk": False,
-        }
-    return {**OMNI_MODEL_CONFIG_DEFAULTS, **own}
-
-
-def _keep_outputs(out: Any, into: Any) -> Any:
-    found = out.get_output() if out is not None and hasattr(out, "get_output") else out
-    outputs = getattr(found, "multimodal_outputs", None)
-    if outputs:
-        for rid, payload in zip(found.req_ids, outputs, strict=False):
-            if payload:
-                into(rid, payload)
-    return out
+def _omni_fields() -> dict[str, dict[str, Any]]:
+    """vllm-omni's OmniModelConfig fields of each stage (its higgs_audio_v3/pipeline.py, sync)."""
+    return runners.tts_stage_fields("higgs_audio_v3", TALKER_ARCH, CODE2WAV_ARCH)
 
 
 def _oracle_classes() -> dict[str, dict[str, Any]]:
-    """The worker (qualified name) and scheduler class of each stage."""
-    from vllm.v1.worker.cpu_model_runner import CPUModelRunner
-    from vllm.v1.worker.cpu_worker import CPUWorker
-    from vllm_omni.worker.gpu_ar_model_runner import GPUARModelRunner
-    from vllm_omni.worker.gpu_generation_model_runner import GPUGenerationModelRunner
-
-    from omnigen_testing.real import harness
-
-    class OracleHiggsTalkerRunner(GPUARModelRunner, CPUModelRunner):
-        """vllm-omni's AR runner on vLLM's CPU runner; keeps each step's multimodal output."""
-
-        def execute_model(self, *args: Any, **kwargs: Any) -> Any:
-            return _keep_outputs(super().execute_model(*args, **kwargs), self._keep)
-
-        def sample_tokens(self, *args: Any, **kwargs: Any) -> Any:
-            return _keep_outputs(super().sample_tokens(*args, **kwargs), self._keep)
-
-        @staticmethod
-        def _keep(rid: str, payload: Any) -> None:
-            TALKER_STEPS.setdefault(rid, []).append(payload)
-
-    class OracleHiggsCode2WavRunner(GPUGenerationModelRunner, CPUModelRunner):
-        """vllm-omni's generation runner on vLLM's CPU runner; keeps each request's output."""
-
-        def execute_model(self, *args: Any, **kwargs: Any) -> Any:
-            return _keep_outputs(super().execute_model(*args, **kwargs), self._keep)
-
-        def sample_tokens(self, *args: Any, **kwargs: Any) -> Any:
-            return _keep_outputs(super().sample_tokens(*args, **kwargs), self._keep)
-
-        @staticmethod
-        def _keep(rid: str, payload: Any) -> None:
-            CODE2WAV_OUTPUTS[rid] = dict(payload)
-
-    def worker(stage: str, runner: type) -> str:
-        fields = _omni_fields(stage)
-
-        class Worker(CPUWorker):
-            runner_class: ClassVar[type] = runner
-
-            def init_device(self) -> None:
-                model_config = self.vllm_config.model_config
-                for key, value in fields.items():  # what OmniModelConfig adds to vLLM's
-                    setattr(model_config, key, value)
-                import vllm.v1.worker.cpu_worker as cpu_worker
-
-                original = cpu_worker.CPUModelRunner
-                cpu_worker.CPUModelRunner = runner
-                try:
-                    super().init_device()
-                finally:
-                    cpu_worker.CPUModelRunner = original
-
-        Worker.__name__ = runner.__name__.replace("Runner", "Worker")
-        return _publish(Worker)
-
-    for cls in (OracleHiggsTalkerRunner, OracleHiggsCode2WavRunner):
-        _publish(cls)
+    """The worker (qualified name) and scheduler class of each stage. The talker has no
+    full-payload producer here (the edge is sync): its runner keeps each step's output."""
+    talker = runners.step_outputs_ar_runner("OracleHiggsTalkerRunner", TALKER_STEPS)
+    code2wav = runners.generation_runner("OracleHiggsCode2WavRunner", CODE2WAV_OUTPUTS)
+    fields = _omni_fields()
     return {
-        "talker": {
-            "worker_cls": worker("talker", OracleHiggsTalkerRunner),
-            "scheduler_cls": harness.oracle_scheduler_cls(
-                SimpleNamespace(name="higgs_talker", oracle_runner=AR_RUNNER)
-            ),
-        },
-        "code2wav": {
-            "worker_cls": worker("code2wav", OracleHiggsCode2WavRunner),
-            "scheduler_cls": harness.oracle_scheduler_cls(
-                SimpleNamespace(name="higgs_code2wav", oracle_runner=GENERATION_RUNNER)
-            ),
-        },
+        stage: runners.engine_classes(
+            runner,
+            fields[stage],
+            worker_name=runner.__name__.replace("Runner", "Worker"),
+            scheduler_name=f"higgs_{stage}",
+            set_capture_size=False,  # no Higgs model has a talker_mtp, the one reader of it
+        )
+        for stage, runner in (("talker", talker), ("code2wav", code2wav))
     }
 
 
@@ -395,15 +289,8 @@ class OracleChain:
     """vllm-omni's serving layer, talker runner, glue and code2wav runner, chained by hand."""
 
     def __init__(self, checkpoint: Path, settings: ChainSettings, scratch: Path) -> None:
-        from omnigen_testing.real import harness
-
-        harness.install_standins()  # vllm-omni imports torchaudio at module level
-        import vllm_omni  # noqa: F401  (its patch.py: vllm-omni's runners need the patched classes)
-
-        harness._answer_torch_inductor()
+        runners.load_vllm_omni(checkpoint, {TALKER_ARCH: TALKER_CLASS, CODE2WAV_ARCH: CODE2WAV_CLASS})
         _no_stream_capture()
-        for arch, model_class in ((TALKER_ARCH, TALKER_CLASS), (CODE2WAV_ARCH, CODE2WAV_CLASS)):
-            harness.register_case(SimpleNamespace(arch=arch, model_class=model_class), checkpoint)
         from vllm import LLM, SamplingParams
 
         from omnigen.requests.higgs_audio_v3 import HiggsAudioV3RequestBuilder
@@ -441,8 +328,6 @@ class OracleChain:
     def _one(self, spec: dict[str, Any]) -> dict[str, Any]:
         import numpy as np
         from vllm import SamplingParams
-        from vllm_omni.entrypoints.openai.audio_utils_mixin import AudioMixin
-        from vllm_omni.entrypoints.openai.protocol.audio import CreateAudio
         from vllm_omni.model_executor.stage_input_processors.higgs_audio_v3 import talker2code2wav
 
         from omnigen.requests.base import SpeechInput
@@ -463,7 +348,7 @@ class OracleChain:
 
         # 2. the talker.
         rid = f"oracle-{next(_REQUEST_NUMBERS)}"
-        (out,) = self._generate(
+        (out,) = runners.generate(
             self.engines["talker"],
             [{"prompt_token_ids": list(prompt["prompt_token_ids"])}],
             [sampling],
@@ -485,25 +370,13 @@ class OracleChain:
 
         # 4. code2wav.
         rid2 = f"{rid}-code2wav"
-        self._generate(
+        runners.generate(
             self.engines["code2wav"],
             [{"prompt_token_ids": ids}],
             [SamplingParams(temperature=0.0, max_tokens=1, detokenize=False)],
             [rid2],
         )
-        output = CODE2WAV_OUTPUTS.pop(rid2, None)
-        if output is None or output.get("model_outputs") is None:
-            raise RuntimeError(f"code2wav returned no audio for {rid2}: {output}")
-        audio = output["model_outputs"]
-        audio = (audio[0] if isinstance(audio, list) else audio).float().detach().cpu().numpy().reshape(-1)
-        sr = output.get("sr", 24000)
-        sr = sr[0] if isinstance(sr, list) else sr
-        sample_rate = int(sr.item() if hasattr(sr, "item") else sr)
-        wav = AudioMixin().create_audio(
-            CreateAudio(
-                audio_tensor=audio, sample_rate=sample_rate, response_format="wav", base64_encode=False
-            )
-        )
+        audio, sample_rate = runners.code2wav_audio(CODE2WAV_OUTPUTS, rid2)
         return {
             "token_ids": [int(t) for t in completion.token_ids],
             "finish_reason": completion.finish_reason,
@@ -513,29 +386,11 @@ class OracleChain:
             "code2wav_prompt": ids,
             "audio": _b64(np.asarray(audio, dtype=np.float32)),
             "sample_rate": sample_rate,
-            "wav": base64.b64encode(wav.audio_data).decode(),
+            "wav": runners.vllm_omni_wav(audio, sample_rate),
         }
 
-    @staticmethod
-    def _generate(llm: Any, prompts: list[dict[str, Any]], params: list[Any], ids: list[str]) -> list[Any]:
-        """``LLM.generate`` with the request ids given (the runners key their results by them)."""
-        engine = llm.llm_engine
-        for rid, prompt, sp in zip(ids, prompts, params, strict=True):
-            engine.add_request(rid, prompt, sp)
-        finished: dict[str, Any] = {}
-        while engine.has_unfinished_requests():
-            for out in engine.step():
-                if out.finished:
-                    finished[out.request_id] = out
-        return [finished[rid] for rid in ids]
-
     def close(self) -> None:
-        from vllm.distributed.parallel_state import cleanup_dist_env_and_memory
-
-        for llm in self.engines.values():
-            llm.llm_engine.engine_core.shutdown()
-        self.engines.clear()
-        cleanup_dist_env_and_memory()
+        runners.shutdown(self.engines)
 
 
 def oracle_main(argv: list[str]) -> int:
@@ -547,19 +402,13 @@ def oracle_main(argv: list[str]) -> int:
     parser.add_argument("--scratch", type=Path, required=True)
     args = parser.parse_args(argv)
     started = time.time()
-    os.environ.update(ORACLE_ENV)
-    if str(REPO_ROOT) not in sys.path:
-        sys.path.insert(0, str(REPO_ROOT))
-    answers = os.fdopen(os.dup(1), "w", buffering=1)
-    os.dup2(2, 1)  # everything else printed goes to stderr
+    answers = runners.oracle_answers(REPO_ROOT)
     chain = OracleChain(args.checkpoint, SETTINGS, args.scratch)
     init_s = time.time() - started
     try:
         reply = chain.run(json.loads(args.requests))
     except Exception as exc:  # answered, so the caller reports it
-        import traceback
-
-        reply = {"error": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc()[-6000:]}
+        reply = runners.error_reply(exc)
     finally:
         chain.close()
     answers.write(json.dumps({**reply, "init_s": init_s}) + "\n")
@@ -570,15 +419,8 @@ def oracle_main(argv: list[str]) -> int:
 
 
 def start_oracle(checkpoint: Path, specs: list[dict[str, Any]], log: Path, scratch: Path) -> subprocess.Popen:
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), env.get("PYTHONPATH")) if p)
-    env["OMP_NUM_THREADS"] = "1"  # as vLLM's CPU worker binds each engine of ``omnigen serve``
-    command = [sys.executable, "-m", MODULE, "oracle", "--checkpoint", str(checkpoint)]
-    command += ["--requests", json.dumps(specs), "--scratch", str(scratch)]
-    with log.open("w") as err:
-        return subprocess.Popen(
-            command, cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE, stderr=err, text=True
-        )
+    args = ["--checkpoint", str(checkpoint), "--requests", json.dumps(specs), "--scratch", str(scratch)]
+    return runners.start_oracle_process(MODULE, args, log, REPO_ROOT)
 
 
 def omnigen_command(command: str, checkpoint: Path, *extra: str) -> list[str]:
@@ -591,16 +433,13 @@ def speech_body(spec: dict[str, Any]) -> dict[str, Any]:
 
 
 @dataclasses.dataclass
-class Runs:
+class Runs(ServerEnd):
+    voices: dict[str, Any]
     oracle: dict[str, dict[str, Any]]
     """request id -> the oracle's result."""
     served: dict[str, bytes]
     run: bytes
     refusals: list[tuple[int, str]]
-    voices: dict[str, Any]
-    serve_exit: int
-    orphans: list[str]
-    serve_log: str
 
 
 @pytest.fixture(scope="module")
@@ -608,7 +447,6 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> Runs:
     """Everything runs once, side by side: the oracle process, ``omnigen serve`` and ``omnigen
     run``; once the server is up every request goes to it, one at a time."""
     import httpx
-    import psutil
 
     root = tmp_path_factory.mktemp("real_higgs_audio_v3")
     checkpoint = write_checkpoint(root / "checkpoint")
@@ -646,45 +484,21 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> Runs:
                 response = client.post("/v1/audio/speech", json=body)
                 refusals.append((response.status_code, response.text))
             for spec in REQUESTS:
-                response = client.post("/v1/audio/speech", json=speech_body(spec))
-                assert response.status_code == 200, (
-                    f"{spec['id']}: {response.status_code} {response.text[:2000]}"
-                )
-                assert response.headers["content-type"] == "audio/wav"
-                served[spec["id"]] = response.content
+                served[spec["id"]] = post_speech(client, speech_body(spec), spec["id"])
             # The longest request again, streamed: raw PCM16 as code2wav decodes each window.
-            streamed = client.post(
-                "/v1/audio/speech",
-                json={**speech_body(REQUESTS[1]), "stream_format": "audio", "response_format": "pcm"},
-            )
-            assert streamed.status_code == 200, streamed.text[:2000]
-            served["stream:" + REQUESTS[1]["id"]] = streamed.content
-        descendants = psutil.Process(serve.pid).children(recursive=True)
-        serve.send_signal(signal.SIGTERM)
-        serve_exit = serve.wait(120)
-        _, alive = psutil.wait_procs(descendants, timeout=30)
-        orphans = [f"{p.pid} {p.name()}" for p in alive]
-        for orphan in alive:  # never leave them behind
-            orphan.kill()
+            served["stream:" + REQUESTS[1]["id"]] = post_speech_streamed(client, speech_body(REQUESTS[1]))
+        end = stop_server(serve, root / "serve.log")
         run_wav = finished_run(run, wav, root / "run.log")
         out, _ = oracle.communicate(timeout=ORACLE_TIMEOUT_S)
     finally:
-        for process in (serve, oracle, run):
-            if process.poll() is None:
-                process.kill()
-                process.wait(30)
-    replies = [json.loads(line) for line in out.splitlines() if line.strip()]
-    log = (root / "oracle.log").read_text()
-    assert len(replies) == 1 and "error" not in replies[0], f"oracle: {replies}\n{log[-6000:]}"
+        kill_all(serve, oracle, run)
     return Runs(
-        oracle={result["id"]: result for result in replies[0]["results"]},
+        oracle=oracle_results(out, root / "oracle.log"),
         served=served,
         run=run_wav,
         refusals=refusals,
         voices=voices,
-        serve_exit=serve_exit,
-        orphans=orphans,
-        serve_log=(root / "serve.log").read_text(),
+        **vars(end),  # ServerEnd: serve_exit, orphans, serve_log
     )
 
 
@@ -800,7 +614,7 @@ def test_voices_and_shutdown(runs: Runs):
 
 if __name__ == "__main__":
     if len(sys.argv) > 1 and sys.argv[1] == "oracle":
-        # Run in the module's importable copy, so vLLM resolves the published worker classes.
+        # Run in the module's importable copy: one copy of its globals (the dicts its runners fill).
         from tests.e2e import test_real_higgs_audio_v3 as _self
 
         sys.exit(_self.oracle_main(sys.argv[2:]))

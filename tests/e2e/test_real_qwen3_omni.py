@@ -58,7 +58,6 @@ import argparse
 import base64
 import contextlib
 import dataclasses
-import importlib.util
 import itertools
 import json
 import os
@@ -68,38 +67,39 @@ import sys
 import time
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any, ClassVar
+from typing import Any
 
 import pytest
 
-pytestmark = pytest.mark.e2e
-
-if importlib.util.find_spec("vllm_omni") is None:
-    pytest.skip(
-        "vllm-omni (the model classes and the oracle) is not installed: it is tied to vLLM 0.30",
-        allow_module_level=True,
-    )
-
-from omnigen_testing.qwen3_tts_chain import (  # noqa: E402  (after the skip: same oracle, same helpers)
-    ORACLE_ENV,
+# Both import-light (vLLM and vllm-omni are imported in the oracle process only).
+from omnigen_testing.oracle import runners
+from omnigen_testing.qwen3_tts_chain import (  # the Qwen3-TTS oracle's helpers
     REPO_ROOT,
+    ServerEnd,
     _b64,
     _nested,
     _unb64,
+    finished_run,
     first_difference,
     free_port,
+    kill_all,
     omnigen_environment,
+    oracle_results,
     pcm16,
+    require_vllm_omni,
+    sharpen,
+    stop_server,
     wait_healthy,
     wav_samples,
 )
+
+pytestmark = pytest.mark.e2e
+require_vllm_omni()
 
 MODULE = "tests.e2e.test_real_qwen3_omni"
 ARCH = "Qwen3OmniMoeForConditionalGeneration"
 MODEL_CLASS = f"vllm_omni.model_executor.models.qwen3_omni.qwen3_omni.{ARCH}"
 GLUE = "vllm_omni.model_executor.stage_input_processors.qwen3_omni"
-AR_RUNNER = "vllm_omni.worker.gpu_ar_model_runner.GPUARModelRunner"
-GENERATION_RUNNER = "vllm_omni.worker.gpu_generation_model_runner.GPUGenerationModelRunner"
 STAGES = ("thinker", "talker", "code2wav")
 
 # deploy/qwen3_omni_moe.yaml stage 1 (and pipeline.py's sampling constraints).
@@ -107,7 +107,6 @@ TALKER_SAMPLING = {"temperature": 0.9, "top_k": 50, "repetition_penalty": 1.05, 
 
 ORACLE_TIMEOUT_S = 900
 SERVE_TIMEOUT_S = 420
-RUN_TIMEOUT_S = 600
 
 
 @dataclasses.dataclass(frozen=True)
@@ -224,18 +223,9 @@ SHARPEN = 40.0
 
 def write_checkpoint(folder: Path) -> Path:
     """The tiny checkpoint (testing/checkpoints), its SHARPENED tensors scaled."""
-    from safetensors.torch import load_file, save_file
-
     from omnigen_testing.checkpoints import write_qwen3_omni
 
-    folder = write_qwen3_omni(folder, seed=0)
-    path = folder / "model.safetensors"
-    tensors = load_file(str(path))
-    for name, tensor in tensors.items():
-        if name.startswith(SHARPENED):
-            tensors[name] = (tensor.float() * SHARPEN).to(tensor.dtype)
-    save_file(tensors, str(path), metadata={"format": "pt"})
-    return folder
+    return sharpen(write_qwen3_omni(folder, seed=0), SHARPENED, SHARPEN)
 
 
 def chat_body(spec: dict[str, Any], modalities: list[str] | None = None) -> dict[str, Any]:
@@ -254,14 +244,6 @@ def chat_body(spec: dict[str, Any], modalities: list[str] | None = None) -> dict
 FLUSHED: dict[str, dict[str, Any]] = {}
 CODE2WAV_OUTPUTS: dict[str, dict[str, Any]] = {}
 _NUMBERS = itertools.count(1)
-
-
-def _publish(cls: type) -> str:
-    module = sys.modules[__name__]
-    setattr(module, cls.__name__, cls)
-    cls.__module__ = __name__
-    cls.__qualname__ = cls.__name__
-    return f"{__name__}.{cls.__name__}"
 
 
 def _omni_fields(stage: str) -> dict[str, Any]:
@@ -300,97 +282,17 @@ def _omni_fields(stage: str) -> dict[str, Any]:
 
 
 def _oracle_classes() -> dict[str, dict[str, Any]]:
-    """Each stage's worker (qualified name) and scheduler class."""
-    from vllm.v1.worker.cpu_model_runner import CPUModelRunner
-    from vllm.v1.worker.cpu_worker import CPUWorker
-    from vllm_omni.distributed.omni_connectors.model_runner.omni_connector_runtime import (
-        should_accumulate_full_payload_output,
-    )
-    from vllm_omni.worker.gpu_ar_model_runner import GPUARModelRunner
-    from vllm_omni.worker.gpu_generation_model_runner import GPUGenerationModelRunner
-
-    from omnigen_testing.real import harness
-
-    class OmniOracleARRunner(GPUARModelRunner, CPUModelRunner):
-        """vllm-omni's AR runner on vLLM's CPU runner; its full-payload producer runs as in a
-        deployment, only the hand-over to a connector is replaced by keeping the payload."""
-
-        def _should_accumulate_full_payload_output(self) -> bool:
-            return should_accumulate_full_payload_output(
-                self._get_model_config(), getattr(self, "_custom_process_func", None)
-            )
-
-        def send_full_payload_outputs(self, scheduler_output: Any, outputs: dict[str, Any]) -> list[str]:
-            for req_id, (accumulated, request) in outputs.items():
-                FLUSHED[req_id] = {
-                    "accumulated": accumulated,
-                    "payload": self._build_custom_process_payload(
-                        request_id=req_id, request=request, pooling_output=accumulated, propagate_errors=True
-                    ),
-                    "output_token_ids": list(request.output_token_ids),
-                }
-            return list(outputs)
-
-    class OmniOracleCode2WavRunner(GPUGenerationModelRunner, CPUModelRunner):
-        """vllm-omni's generation runner on vLLM's CPU runner; keeps each request's output."""
-
-        def execute_model(self, *args: Any, **kwargs: Any) -> Any:
-            return self._keep(super().execute_model(*args, **kwargs))
-
-        def sample_tokens(self, *args: Any, **kwargs: Any) -> Any:
-            return self._keep(super().sample_tokens(*args, **kwargs))
-
-        def _keep(self, out: Any) -> Any:
-            found = out.get_output() if out is not None and hasattr(out, "get_output") else out
-            outputs = getattr(found, "multimodal_outputs", None)
-            if outputs:
-                for rid, payload in zip(found.req_ids, outputs, strict=False):
-                    if payload:
-                        CODE2WAV_OUTPUTS[rid] = dict(payload)
-            return out
-
-    def worker(stage: str, runner: type) -> str:
-        fields = _omni_fields(stage)
-
-        class Worker(CPUWorker):
-            runner_class: ClassVar[type] = runner
-
-            def init_device(self) -> None:
-                model_config = self.vllm_config.model_config
-                for key, value in fields.items():  # what OmniModelConfig adds to vLLM's
-                    setattr(model_config, key, value)
-                # OmniModelConfig.draw_hf_text_config: the stage's own widths and vocabulary.
-                stage_config = getattr(model_config.hf_config, fields["hf_config_name"])
-                model_config.hf_text_config = stage_config.get_text_config()
-                model_config.model_arch_config = model_config.get_model_arch_config()
-                compilation = self.vllm_config.compilation_config
-                if compilation.max_cudagraph_capture_size is None:  # read by _init_talker_mtp
-                    compilation.max_cudagraph_capture_size = self.vllm_config.scheduler_config.max_num_seqs
-                import vllm.v1.worker.cpu_worker as cpu_worker
-
-                original = cpu_worker.CPUModelRunner
-                cpu_worker.CPUModelRunner = runner
-                try:
-                    super().init_device()
-                finally:
-                    cpu_worker.CPUModelRunner = original
-
-        Worker.__name__ = f"OmniOracle_{stage}_Worker"
-        return _publish(Worker)
-
-    for cls in (OmniOracleARRunner, OmniOracleCode2WavRunner):
-        _publish(cls)
+    """Each stage's worker (qualified name) and scheduler class; the thinker and the talker share
+    one runner class (each stage's fields, its hf_config_name among them, come with its worker)."""
+    ar = runners.full_payload_ar_runner("OmniOracleARRunner", FLUSHED)
+    code2wav = runners.generation_runner("OmniOracleCode2WavRunner", CODE2WAV_OUTPUTS)
     return {
-        stage: {
-            "worker_cls": worker(
-                stage, OmniOracleCode2WavRunner if stage == "code2wav" else OmniOracleARRunner
-            ),
-            "scheduler_cls": harness.oracle_scheduler_cls(
-                SimpleNamespace(
-                    name=stage, oracle_runner=GENERATION_RUNNER if stage == "code2wav" else AR_RUNNER
-                )
-            ),
-        }
+        stage: runners.engine_classes(
+            code2wav if stage == "code2wav" else ar,
+            _omni_fields(stage),
+            worker_name=f"OmniOracle_{stage}_Worker",
+            scheduler_name=stage,
+        )
         for stage in STAGES
     }
 
@@ -410,13 +312,7 @@ class OmniOracleChain:
     """vllm-omni's chat serving layer, its three stage runners and its glue, chained by hand."""
 
     def __init__(self, checkpoint: Path, settings: ChainSettings) -> None:
-        from omnigen_testing.real import harness
-
-        harness.install_standins()  # torchvision/torchaudio stand-ins (imported, never used)
-        import vllm_omni  # noqa: F401  (its patch.py: vllm-omni's runners need the patched classes)
-
-        harness._answer_torch_inductor()  # no CPU OmniPlatform: the code predictor runs eager
-        harness.register_case(SimpleNamespace(arch=ARCH, model_class=MODEL_CLASS), checkpoint)
+        runners.load_vllm_omni(checkpoint, {ARCH: MODEL_CLASS})
         from vllm import LLM, SamplingParams
         from vllm_omni.entrypoints.openai.serving_chat import OmniOpenAIServingChat
 
@@ -492,16 +388,6 @@ class OmniOracleChain:
             results += [{"id": spec.get("id"), **self._chain(*self.build(spec))} for spec in sequence]
         return results
 
-    def _flushed(self, engine: Any, rid: str) -> dict[str, Any]:
-        # The runner flushes a finished request's payload at its next step: one more (empty) step.
-        for _ in range(4):
-            if rid in FLUSHED:
-                break
-            engine.llm_engine.step()
-        if rid not in FLUSHED:
-            raise RuntimeError(f"the runner flushed no full payload for {rid}")
-        return FLUSHED.pop(rid)
-
     def _chain(self, prompt: dict[str, Any], params: list[Any]) -> dict[str, Any]:
         import numpy as np
         from vllm_omni.core.sched.omni_scheduling_coordinator import OmniSchedulingCoordinator
@@ -518,13 +404,13 @@ class OmniOracleChain:
         info = prompt.get("additional_information")
         if info:
             thinker_params.extra_args = {**(thinker_params.extra_args or {}), ORACLE_PAYLOAD_KEY: dict(info)}
-        (thinker_out,) = self._generate(
+        (thinker_out,) = runners.generate(
             self.engines["thinker"],
             [{"prompt_token_ids": list(prompt["prompt_token_ids"])}],
             [thinker_params],
             [rid],
         )
-        thinker_flushed = self._flushed(self.engines["thinker"], rid)
+        (thinker_flushed,) = runners.flushed_payloads(self.engines["thinker"], FLUSHED, [rid])
         completion = thinker_out.outputs[0]
 
         # 2. the talker: the orchestrator's token-only prompt, the thinker's payload over its info.
@@ -543,13 +429,13 @@ class OmniOracleChain:
         talker_params = params[1].clone()
         talker_params.extra_args = {**(talker_params.extra_args or {}), ORACLE_PAYLOAD_KEY: talker_info}
         talker_rid = f"{rid}-talker"
-        (talker_out,) = self._generate(
+        (talker_out,) = runners.generate(
             self.engines["talker"],
             [{"prompt_token_ids": list(talker_prompt["prompt_token_ids"])}],
             [talker_params],
             [talker_rid],
         )
-        talker_flushed = self._flushed(self.engines["talker"], talker_rid)
+        (talker_flushed,) = runners.flushed_payloads(self.engines["talker"], FLUSHED, [talker_rid])
         payload = talker_flushed["payload"]
 
         # 3. code2wav: the orchestrator's default prompt (the talker's output ids), replaced in
@@ -576,20 +462,13 @@ class OmniOracleChain:
         code2wav_params.max_tokens = 1
         code2wav_params.extra_args = {ORACLE_PAYLOAD_KEY: payload}
         code2wav_rid = f"{rid}-code2wav"
-        self._generate(
+        runners.generate(
             self.engines["code2wav"],
             [{"prompt_token_ids": list(request.prompt_token_ids)}],
             [code2wav_params],
             [code2wav_rid],
         )
-        output = CODE2WAV_OUTPUTS.pop(code2wav_rid, None)
-        if output is None or output.get("model_outputs") is None:
-            raise RuntimeError(f"code2wav returned no audio for {rid}: {output}")
-        audio = output["model_outputs"]
-        audio = audio[0] if isinstance(audio, list) else audio
-        audio = audio.float().detach().cpu().numpy().reshape(-1)
-        sr = output.get("sr", 24000)
-        sr = sr[0] if isinstance(sr, list) else sr
+        audio, sample_rate = runners.code2wav_audio(CODE2WAV_OUTPUTS, code2wav_rid)
         return {
             "prompt_token_ids": [int(t) for t in prompt["prompt_token_ids"]],
             "speaker": (info or {}).get("speaker"),
@@ -600,29 +479,12 @@ class OmniOracleChain:
             "talker_token_ids": [int(t) for t in talker_out.outputs[0].token_ids],
             "codes": [int(c) for c in request.prompt_token_ids],
             "audio": _b64(np.asarray(audio, dtype=np.float32)),
-            "sample_rate": int(sr.item() if hasattr(sr, "item") else sr),
+            "sample_rate": sample_rate,
             "nested_keys": sorted(_nested(dict(thinker_flushed["accumulated"]))),
         }
 
-    @staticmethod
-    def _generate(llm: Any, prompts: list[dict[str, Any]], params: list[Any], ids: list[str]) -> list[Any]:
-        engine = llm.llm_engine
-        for rid, prompt, sp in zip(ids, prompts, params, strict=True):
-            engine.add_request(rid, prompt, sp)
-        finished: dict[str, Any] = {}
-        while engine.has_unfinished_requests():
-            for out in engine.step():
-                if out.finished:
-                    finished[out.request_id] = out
-        return [finished[rid] for rid in ids]
-
     def close(self) -> None:
-        from vllm.distributed.parallel_state import cleanup_dist_env_and_memory
-
-        for llm in self.engines.values():
-            llm.llm_engine.engine_core.shutdown()
-        self.engines.clear()
-        cleanup_dist_env_and_memory()
+        runners.shutdown(self.engines)
 
 
 def oracle_main(argv: list[str]) -> int:
@@ -633,20 +495,14 @@ def oracle_main(argv: list[str]) -> int:
     parser.add_argument("--requests", required=True)
     parser.add_argument("--settings", default="{}")
     args = parser.parse_args(argv)
-    os.environ.update(ORACLE_ENV)
-    if str(REPO_ROOT) not in sys.path:
-        sys.path.insert(0, str(REPO_ROOT))
-    answers = os.fdopen(os.dup(1), "w", buffering=1)
-    os.dup2(2, 1)  # everything else printed goes to stderr
+    answers = runners.oracle_answers(REPO_ROOT)
     started = time.time()
     chain = OmniOracleChain(args.checkpoint, ChainSettings(**json.loads(args.settings)))
     try:
         try:
             reply: dict[str, Any] = {"results": chain.run(json.loads(args.requests))}
         except Exception as exc:  # answered, so the caller reports it
-            import traceback
-
-            reply = {"error": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc()[-6000:]}
+            reply = runners.error_reply(exc)
     finally:
         chain.close()
     reply["wall_s"] = time.time() - started
@@ -660,15 +516,9 @@ SETTINGS = ChainSettings()
 
 
 def start_oracle(checkpoint: Path, sequences: list[list[dict[str, Any]]], log: Path) -> subprocess.Popen:
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), env.get("PYTHONPATH")) if p)
-    env["OMP_NUM_THREADS"] = "1"  # as vLLM's CPU worker binds each engine of ``omnigen serve``
-    command = [sys.executable, "-m", MODULE, "oracle", "--checkpoint", str(checkpoint)]
-    command += ["--requests", json.dumps(sequences), "--settings", json.dumps(dataclasses.asdict(SETTINGS))]
-    with log.open("w") as err:
-        return subprocess.Popen(
-            command, cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE, stderr=err, text=True
-        )
+    args = ["--checkpoint", str(checkpoint), "--requests", json.dumps(sequences)]
+    args += ["--settings", json.dumps(dataclasses.asdict(SETTINGS))]
+    return runners.start_oracle_process(MODULE, args, log, REPO_ROOT)
 
 
 def omnigen_command(command: str, checkpoint: Path, *extra: str) -> list[str]:
@@ -728,17 +578,14 @@ def _stop_session(process: subprocess.Popen) -> None:
 
 
 @dataclasses.dataclass
-class Runs:
+class Runs(ServerEnd):
+    voices: dict[str, Any]
     oracle: dict[str, dict[str, Any]]
     served: dict[str, dict[str, Any]]
     """request id -> the chat completion's JSON (``text:ID``: the same request, text only)."""
     refusals: dict[str, Any]
     run_log: str
     run_wav: bytes
-    voices: dict[str, Any]
-    serve_exit: int
-    orphans: list[str]
-    serve_log: str
 
 
 @pytest.fixture(scope="module")
@@ -746,7 +593,6 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> Runs:
     """The oracle process, ``omnigen serve`` and ``omnigen run`` side by side; once the server is
     up every request goes to it, one at a time."""
     import httpx
-    import psutil
 
     root = tmp_path_factory.mktemp("real_qwen3_omni")
     checkpoint = write_checkpoint(root / "checkpoint")
@@ -777,36 +623,20 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> Runs:
                 "/v1/chat/completions", json={**chat_body(REQUESTS[0]), "audio": {"voice": "alloy"}}
             )
             refusals["voice"] = (voice.status_code, voice.json())
-        descendants = psutil.Process(serve.pid).children(recursive=True)
-        serve.send_signal(signal.SIGTERM)
-        serve_exit = serve.wait(120)
-        _, alive = psutil.wait_procs(descendants, timeout=30)
-        orphans = [f"{p.pid} {p.name()}" for p in alive]
-        for orphan in alive:  # never leave them behind
-            orphan.kill()
-        code = run.wait(RUN_TIMEOUT_S)
-        run_log = (root / "run.log").read_text()
-        assert code == 0 and wav.is_file(), f"omnigen run exited {code}:\n{run_log[-4000:]}"
+        end = stop_server(serve, root / "serve.log")
+        run_wav = finished_run(run, wav, root / "run.log")
         out, _ = oracle.communicate(timeout=ORACLE_TIMEOUT_S)
     finally:
         _stop_session(serve)
-        for process in (oracle, run):
-            if process.poll() is None:
-                process.kill()
-                process.wait(30)
-    log = (root / "oracle.log").read_text()
-    replies = [json.loads(line) for line in out.splitlines() if line.strip()]
-    assert len(replies) == 1 and "error" not in replies[0], f"oracle: {replies}\n{log[-6000:]}"
+        kill_all(oracle, run)
     return Runs(
-        oracle={result["id"]: result for result in replies[0]["results"]},
+        oracle=oracle_results(out, root / "oracle.log"),
         served=served,
         refusals=refusals,
-        run_log=run_log,
-        run_wav=wav.read_bytes(),
+        run_log=(root / "run.log").read_text(),
+        run_wav=run_wav,
         voices=voices,
-        serve_exit=serve_exit,
-        orphans=orphans,
-        serve_log=(root / "serve.log").read_text(),
+        **vars(end),  # ServerEnd: serve_exit, orphans, serve_log
     )
 
 

@@ -36,42 +36,42 @@ from __future__ import annotations
 
 import base64
 import dataclasses
-import importlib.util
 import json
 import signal
 from typing import Any
 
 import pytest
 
-pytestmark = pytest.mark.e2e
-
-# Found, not imported (the pytest process never imports vLLM or vllm-omni; the oracle process does).
-if importlib.util.find_spec("vllm_omni") is None:
-    pytest.skip(
-        "vllm-omni (the model classes and the oracle) is not installed: it is tied to vLLM 0.30",
-        allow_module_level=True,
-    )
-
-from omnigen_testing.qwen3_tts_chain import (  # noqa: E402  (after the skip)
+from omnigen_testing.qwen3_tts_chain import (
     CONTROLS,
     ORACLE_TIMEOUT_S,
     REQUESTS,
     RUN_REQUEST,
     SERVE_TIMEOUT_S,
     ChainSettings,
+    ServerEnd,
     _unb64,
     finished_run,
     first_difference,
     free_port,
+    kill_all,
+    oracle_results,
     pcm16,
+    post_speech,
+    post_speech_streamed,
+    require_vllm_omni,
     speech_body,
     start_oracle,
     start_run,
     start_serve,
+    stop_server,
     wait_healthy,
     wav_samples,
     write_checkpoint,
 )
+
+pytestmark = pytest.mark.e2e
+require_vllm_omni()
 
 # The comparison runs eager on both sides (enforce_eager): see test_compiled_talker_hears_its_request.
 EAGER = ChainSettings(enforce_eager=True)
@@ -79,16 +79,13 @@ COMPILED = ChainSettings()
 
 
 @dataclasses.dataclass
-class Runs:
+class Runs(ServerEnd):
+    voices: dict[str, Any]
     oracle: dict[str, dict[str, dict[str, Any]]]
     """chain ("eager") -> request id -> the oracle's result."""
     served: dict[str, bytes]
     run: dict[str, bytes]
     """``omnigen run``'s WAVs: "eager", "compiled" (the first request), "compiled:text" (its text control)."""
-    voices: dict[str, Any]
-    serve_exit: int
-    orphans: list[str]
-    serve_log: str
 
 
 @pytest.fixture(scope="module")
@@ -97,7 +94,6 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> Runs:
     (eager; and twice with vLLM's default compilation); once the server is up every request goes
     to it, one at a time."""
     import httpx
-    import psutil
 
     root = tmp_path_factory.mktemp("real_qwen3_tts")
     checkpoint = write_checkpoint(root / "checkpoint")
@@ -116,8 +112,9 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> Runs:
         "compiled:text": (COMPILED, {**CONTROLS[2], "max_tokens": None}),
     }
     wavs = {name: root / f"run-{name.replace(':', '-')}.wav" for name in jobs}
+    logs = {name: root / f"run-{name.replace(':', '-')}.log" for name in jobs}
     runs = {
-        name: start_run(checkpoint, settings, spec, wavs[name], root / f"run-{name.replace(':', '-')}.log")
+        name: start_run(checkpoint, settings, spec, wavs[name], logs[name])
         for name, (settings, spec) in jobs.items()
     }
     try:
@@ -126,48 +123,20 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> Runs:
         with httpx.Client(base_url=base, timeout=120) as client:
             voices = client.get("/v1/audio/voices").json()
             for spec in REQUESTS:
-                response = client.post("/v1/audio/speech", json=speech_body(spec))
-                assert response.status_code == 200, (
-                    f"{spec['id']}: {response.status_code} {response.text[:2000]}"
-                )
-                assert response.headers["content-type"] == "audio/wav"
-                served[spec["id"]] = response.content
+                served[spec["id"]] = post_speech(client, speech_body(spec), spec["id"])
             # The first request again, streamed: raw PCM16 as code2wav decodes each window.
-            streamed = client.post(
-                "/v1/audio/speech",
-                json={**speech_body(REQUESTS[0]), "stream_format": "audio", "response_format": "pcm"},
-            )
-            assert streamed.status_code == 200, streamed.text[:2000]
-            served["stream:" + REQUESTS[0]["id"]] = streamed.content
-        descendants = psutil.Process(serve.pid).children(recursive=True)
-        serve.send_signal(signal.SIGTERM)
-        serve_exit = serve.wait(120)
-        _, alive = psutil.wait_procs(descendants, timeout=30)
-        orphans = [f"{p.pid} {p.name()}" for p in alive]
-        for orphan in alive:  # never leave them behind
-            orphan.kill()
-        run = {
-            name: finished_run(process, wavs[name], root / f"run-{name}.log")
-            for name, process in runs.items()
-        }
+            served["stream:" + REQUESTS[0]["id"]] = post_speech_streamed(client, speech_body(REQUESTS[0]))
+        end = stop_server(serve, root / "serve.log")
+        run = {name: finished_run(process, wavs[name], logs[name]) for name, process in runs.items()}
         out, _ = oracle.communicate(timeout=ORACLE_TIMEOUT_S)
     finally:
-        for process in (serve, oracle, *runs.values()):
-            if process.poll() is None:
-                process.kill()
-                process.wait(30)
-    replies = [json.loads(line) for line in out.splitlines() if line.strip()]
-    answers = [reply for reply in replies if "results" in reply or "error" in reply]
-    log = (root / "oracle.log").read_text()
-    assert len(answers) == 1 and "error" not in answers[0], f"oracle: {answers}\n{log[-6000:]}"
+        kill_all(serve, oracle, *runs.values())
     return Runs(
-        oracle={"eager": {result["id"]: result for result in answers[0]["results"]}},
+        oracle={"eager": oracle_results(out, root / "oracle.log", commands=True)},
         served=served,
         run=run,
         voices=voices,
-        serve_exit=serve_exit,
-        orphans=orphans,
-        serve_log=(root / "serve.log").read_text(),
+        **vars(end),  # ServerEnd: serve_exit, orphans, serve_log
     )
 
 
