@@ -267,6 +267,8 @@ def worker(name: str, runner: type, fields: dict[str, Any], *, set_capture_size:
     enforce_eager)."""
     from vllm.v1.worker.cpu_worker import CPUWorker
 
+    from omnigen_testing.real import harness
+
     class Worker(CPUWorker):
         runner_class: ClassVar[type] = runner
 
@@ -281,15 +283,8 @@ def worker(name: str, runner: type, fields: dict[str, Any], *, set_capture_size:
             compilation = self.vllm_config.compilation_config
             if set_capture_size and compilation.max_cudagraph_capture_size is None:
                 compilation.max_cudagraph_capture_size = self.vllm_config.scheduler_config.max_num_seqs
-            import vllm.v1.worker.cpu_worker as cpu_worker
-
-            # CPUWorker.init_device builds the runner it names in its module: ours, for this call.
-            original = cpu_worker.CPUModelRunner
-            cpu_worker.CPUModelRunner = runner
-            try:
+            with harness.cpu_worker_builds(runner):
                 super().init_device()
-            finally:
-                cpu_worker.CPUModelRunner = original
 
     Worker.__name__ = name
     return publish(Worker)

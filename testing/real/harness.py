@@ -26,6 +26,7 @@ function that touches vLLM or vllm-omni imports them inside a side process.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import importlib.machinery
 import importlib.util
@@ -555,6 +556,20 @@ def deployed_async_chunk(case: Any) -> bool:
     return generated
 
 
+@contextlib.contextmanager
+def cpu_worker_builds(runner: type) -> Any:
+    """Within it, vLLM's ``CPUWorker.init_device`` builds ``runner``: it builds the runner class
+    its module names (``vllm.v1.worker.cpu_worker.CPUModelRunner``), swapped for this call only."""
+    import vllm.v1.worker.cpu_worker as cpu_worker
+
+    original = cpu_worker.CPUModelRunner
+    cpu_worker.CPUModelRunner = runner
+    try:
+        yield
+    finally:
+        cpu_worker.CPUModelRunner = original
+
+
 def oracle_worker_cls(case: Any) -> str:
     """vLLM's CPU worker building vllm-omni's runner composed onto ``CPUModelRunner``."""
     from vllm.v1.worker.cpu_model_runner import CPUModelRunner
@@ -593,14 +608,8 @@ def oracle_worker_cls(case: Any) -> str:
             compilation = self.vllm_config.compilation_config
             if compilation.max_cudagraph_capture_size is None:
                 compilation.max_cudagraph_capture_size = self.vllm_config.scheduler_config.max_num_seqs
-            import vllm.v1.worker.cpu_worker as cpu_worker
-
-            original = cpu_worker.CPUModelRunner
-            cpu_worker.CPUModelRunner = composed
-            try:
+            with cpu_worker_builds(composed):
                 super().init_device()
-            finally:
-                cpu_worker.CPUModelRunner = original
             attach_recorder(self.model_runner)
 
     OracleWorker.__name__ = f"Oracle_{_safe(case.name)}_Worker"

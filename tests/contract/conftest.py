@@ -13,11 +13,27 @@ import sys
 from pathlib import Path
 
 import pytest
+from vllm.config import vllm as vllm_config_module
 
 from omnigen.runtime import vllm_api
 from omnigen_testing.contract_support import TARGETS, FakeForwardContext, FakeGraphWrapper, Recorder
+from omnigen_testing.tiny_omni import TALKER_ARCH, write_tiny_config
 
 OPTIMIZED_SCRIPT = Path(__file__).with_name("optimized_check.py")
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """A tiny omni talker's checkpoint folder, for vLLM's own engine config (a module's own
+    ``checkpoint`` fixture takes precedence)."""
+    return write_tiny_config(tmp_path_factory.mktemp("ckpt"), TALKER_ARCH)
+
+
+@pytest.fixture
+def gpu_selection(monkeypatch: pytest.MonkeyPatch) -> None:
+    """vLLM's V1/V2 selection as on a CUDA machine: Triton importable, no environment setting."""
+    monkeypatch.delenv("VLLM_USE_V2_MODEL_RUNNER", raising=False)
+    monkeypatch.setattr(vllm_config_module, "HAS_TRITON", True)
 
 
 @pytest.fixture(params=TARGETS)

@@ -28,7 +28,6 @@ import pytest
 import torch
 from torch import nn
 from vllm.config import CUDAGraphMode
-from vllm.config import vllm as vllm_config_module
 from vllm.config.attention import HiSparseConfig
 from vllm.config.watermarking import WatermarkConfig
 from vllm.model_executor.models.utils import make_empty_intermediate_tensors_factory
@@ -38,7 +37,6 @@ from vllm.v1.worker.gpu_worker import Worker
 
 from omnigen.runtime import vllm_api
 from omnigen_testing.contract_support import bare_runner, runner_class
-from omnigen_testing.tiny_omni import TALKER_ARCH, write_tiny_config
 
 from ._engine_config import engine_config
 from .test_real_model_clauses import GEN_IDS, Model, Recorder, _step, forward_runner, state
@@ -48,18 +46,6 @@ TWO_SEAMS = (
     "vllm.v1.worker.gpu.model_states.interface:ModelState.capture_inner_cudagraphs",
     "vllm.v1.worker.gpu.async_utils:AsyncOutput.get_output",
 )
-
-
-@pytest.fixture(scope="module")
-def checkpoint(tmp_path_factory) -> str:
-    return write_tiny_config(tmp_path_factory.mktemp("ckpt"), TALKER_ARCH)
-
-
-@pytest.fixture
-def gpu_selection(monkeypatch):
-    """vLLM's V1/V2 selection as on a CUDA machine: Triton importable, no environment setting."""
-    monkeypatch.delenv("VLLM_USE_V2_MODEL_RUNNER", raising=False)
-    monkeypatch.setattr(vllm_config_module, "HAS_TRITON", True)
 
 
 def _worker(config) -> Worker:

@@ -19,32 +19,18 @@ import logging
 
 import pytest
 import torch
-from vllm.config import vllm as vllm_config_module
 from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.worker.gpu_worker import Worker
 
 from omnigen import api
 from omnigen.runtime import vllm_api, worker
 from omnigen.runtime.scheduler import OmniAsyncScheduler, OmniScheduler
-from omnigen_testing.tiny_omni import TALKER_ARCH, write_tiny_config
 
 from ._engine_config import engine_config
 
 MODEL, STAGE = "omnigen_tiny", "talker"
 EXPECTED = "v1" if vllm_api.v2_missing_seams() else "v2"
 """The target this vLLM's V2 choice leads to: V2 where its V2 runner has every seam."""
-
-
-@pytest.fixture(scope="module")
-def checkpoint(tmp_path_factory) -> str:
-    return write_tiny_config(tmp_path_factory.mktemp("ckpt"), TALKER_ARCH)
-
-
-@pytest.fixture
-def gpu_selection(monkeypatch):
-    """vLLM's V1/V2 selection as on a CUDA machine: Triton importable, no environment setting."""
-    monkeypatch.delenv("VLLM_USE_V2_MODEL_RUNNER", raising=False)
-    monkeypatch.setattr(vllm_config_module, "HAS_TRITON", True)
 
 
 def _config(checkpoint: str):
