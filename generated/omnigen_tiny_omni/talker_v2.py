@@ -277,6 +277,9 @@ class OmnigenTinyOmniTalkerModelState(OmniModelStateV2, vllm_api_v2.DefaultModel
         batch = len(req_ids)
         if batch == 0:
             return
+        # The batch's dispatch first, as vllm-omni's runner asks vLLM for it (a seeded batch that
+        # runs row by row then asks again for one row).
+        execution = self._mtp_execution(batch)
         generators = mtp.row_generators(
             self._talker_mtp_generators, self.requests, req_ids, self.talker_mtp_input_ids.gpu.device
         )
@@ -287,9 +290,7 @@ class OmnigenTinyOmniTalkerModelState(OmniModelStateV2, vllm_api_v2.DefaultModel
                 self, req_ids, generators, inputs_embeds, start_offsets, self._mtp_execution(1)
             )
             return
-        mtp.forward_batched(
-            self, req_ids, generators, inputs_embeds, start_offsets, self._mtp_execution(batch)
-        )
+        mtp.forward_batched(self, req_ids, generators, inputs_embeds, start_offsets, execution)
 
     def _mtp_execution(self, batch: int) -> mtp.Execution:
         """The predictor's graph mode, batch descriptor and padded rows for `batch` rows (2.3)."""

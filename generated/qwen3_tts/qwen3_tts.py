@@ -81,7 +81,7 @@ class Qwen3TtsRunner(OmniRunnerBase, vllm_api.GPUModelRunner):
         # A step has at most one MTP row per request; it gets the dispatch a real step of that
         # many rows gets, and a warm-up or profile run (force_eager) runs eager.
         batch = min(num_tokens, self.max_num_reqs)
-        mtp.call_predictor(self, self._mtp_execution(batch, force_eager))
+        mtp.call_predictor(self, self._mtp_execution(batch, force_eager=force_eager))
 
     def _model_forward(
         self,
@@ -305,6 +305,9 @@ class Qwen3TtsRunner(OmniRunnerBase, vllm_api.GPUModelRunner):
         batch = len(req_ids)
         if batch == 0:
             return
+        # The batch's dispatch first, as vllm-omni's runner asks vLLM for it (a seeded batch that
+        # runs row by row then asks again for one row).
+        execution = self._mtp_execution(batch)
         generators = mtp.row_generators(
             self._talker_mtp_generators, self.requests, req_ids, self.talker_mtp_input_ids.gpu.device
         )
@@ -315,11 +318,9 @@ class Qwen3TtsRunner(OmniRunnerBase, vllm_api.GPUModelRunner):
                 self, req_ids, generators, inputs_embeds, start_offsets, self._mtp_execution(1)
             )
             return
-        mtp.forward_batched(
-            self, req_ids, generators, inputs_embeds, start_offsets, self._mtp_execution(batch)
-        )
+        mtp.forward_batched(self, req_ids, generators, inputs_embeds, start_offsets, execution)
 
-    def _mtp_execution(self, batch: int, force_eager: bool = False) -> mtp.Execution:
+    def _mtp_execution(self, batch: int, **dispatch: Any) -> mtp.Execution:
         """The predictor's graph mode, batch descriptor and padded rows for `batch` rows (2.3)."""
         mode, batch_descriptor, *_ = self._determine_batch_execution_and_padding(
             num_tokens=batch,
@@ -327,7 +328,8 @@ class Qwen3TtsRunner(OmniRunnerBase, vllm_api.GPUModelRunner):
             num_scheduled_tokens_np=np.ones(batch, dtype=np.int32),
             max_num_scheduled_tokens=1,
             use_cascade_attn=False,
-            force_eager=force_eager,
+            # The dummy run's force_eager; a serving step asks exactly as vllm-omni's runner does.
+            **dispatch,
         )
         # mtp.graph=safe: a wrapped predictor replays the captured batch size; an unwrapped one runs eager.
         if vllm_api.is_full_graph_wrapped(self.talker_mtp):

@@ -255,16 +255,13 @@ def test_batch_execution_padding_and_forward_context(variant, wrapped, target, r
     asks = recorder.of("determine")
     assert len(asks) == 1
     ask = asks[0]
-    assert set(ask) - {"force_eager"} == {
+    assert set(ask) == {
         "num_tokens",
         "num_reqs",
         "num_scheduled_tokens_np",
         "max_num_scheduled_tokens",
         "use_cascade_attn",
     }
-    # A serving step never forces eager: vLLM's default, passed explicitly where the dispatch is
-    # the one the dummy run shares (mtp.graph=safe).
-    assert ask.get("force_eager", False) is False
     assert ask["num_tokens"] == batch and ask["num_reqs"] == batch
     assert ask["max_num_scheduled_tokens"] == 1 and ask["use_cascade_attn"] is False
     np.testing.assert_array_equal(ask["num_scheduled_tokens_np"], np.ones(batch, dtype=np.int32))
