@@ -273,13 +273,7 @@ def worker(name: str, runner: type, fields: dict[str, Any], *, set_capture_size:
         runner_class: ClassVar[type] = runner
 
         def init_device(self) -> None:
-            model_config = self.vllm_config.model_config
-            for key, value in fields.items():  # what OmniModelConfig adds to vLLM's
-                setattr(model_config, key, value)
-            if fields.get("hf_config_name"):
-                stage_config = getattr(model_config.hf_config, fields["hf_config_name"])
-                model_config.hf_text_config = stage_config.get_text_config()
-                model_config.model_arch_config = model_config.get_model_arch_config()
+            harness.set_omni_model_config(self.vllm_config.model_config, fields)
             compilation = self.vllm_config.compilation_config
             if set_capture_size and compilation.max_cudagraph_capture_size is None:
                 compilation.max_cudagraph_capture_size = self.vllm_config.scheduler_config.max_num_seqs

@@ -556,6 +556,20 @@ def deployed_async_chunk(case: Any) -> bool:
     return generated
 
 
+def set_omni_model_config(model_config: Any, fields: Mapping[str, Any]) -> None:
+    """vLLM's ``model_config`` as vllm-omni's ``OmniModelConfig`` would be: its fields set on it
+    (vllm-omni's runner reads them there: gpu_ar_model_runner.py:383 async_chunk, :506
+    engine_output_type, ...), and, for a stage naming ``hf_config_name``, that sub-config's text
+    config (``OmniModelConfig.draw_hf_text_config``, vllm_omni/config/model.py:221), so the runner's
+    persistent inputs and MTP buffers get the stage's width."""
+    for key, value in fields.items():
+        setattr(model_config, key, value)
+    if fields.get("hf_config_name"):
+        stage_config = getattr(model_config.hf_config, fields["hf_config_name"])
+        model_config.hf_text_config = stage_config.get_text_config()
+        model_config.model_arch_config = model_config.get_model_arch_config()
+
+
 @contextlib.contextmanager
 def cpu_worker_builds(runner: type) -> Any:
     """Within it, vLLM's ``CPUWorker.init_device`` builds ``runner``: it builds the runner class
@@ -591,18 +605,7 @@ def oracle_worker_cls(case: Any) -> str:
         runner_class: ClassVar[type] = composed
 
         def init_device(self) -> None:
-            model_config = self.vllm_config.model_config
-            # vllm-omni's runner reads OmniModelConfig's fields off vLLM's ModelConfig
-            # (gpu_ar_model_runner.py:383 async_chunk, :506 engine_output_type, ...).
-            for key, value in omni_fields.items():
-                setattr(model_config, key, value)
-            # OmniModelConfig.draw_hf_text_config (vllm_omni/config/model.py:221): a stage's text
-            # config is its own sub-config's (hf_config_name, e.g. talker_config), so the runner's
-            # persistent inputs and MTP buffers get the stage's width.
-            if omni_fields.get("hf_config_name"):
-                stage_config = getattr(model_config.hf_config, omni_fields["hf_config_name"])
-                model_config.hf_text_config = stage_config.get_text_config()
-                model_config.model_arch_config = model_config.get_model_arch_config()
+            set_omni_model_config(self.vllm_config.model_config, omni_fields)
             # _init_talker_mtp does max(max_num_reqs, max_cudagraph_capture_size), which is None
             # under enforce_eager (vllm_omni/worker/gpu_model_runner.py:287).
             compilation = self.vllm_config.compilation_config
