@@ -17,7 +17,16 @@ from typing import Any
 
 from omnigen.built import COMMITTED_PACKAGE, SCHEDULER_CLS
 from omnigen.features import FLAGS
-from omnigen.schema import DecodeBatch, Device, FinalOutput, MTPGraph, PerRowGenerators, StageKind, Transport
+from omnigen.schema import (
+    DecodeBatch,
+    Device,
+    FinalOutput,
+    MTPGraph,
+    PerRowGenerators,
+    StageKind,
+    Transport,
+    require_choices,
+)
 from omnigen.spec import (
     BuildSpec,
     CheckpointSpec,
@@ -100,10 +109,7 @@ class MTPPlan:
     def __post_init__(self) -> None:
         if self.graph not in (MTPGraph.safe, MTPGraph.unsafe):
             raise ValueError(f"an MTP plan's graph is resolved to safe or unsafe, not {self.graph!r}")
-        if not isinstance(self.per_row_generators, PerRowGenerators):
-            raise TypeError(
-                f"an MTP plan's per_row_generators must be a PerRowGenerators, not {self.per_row_generators!r}"
-            )
+        require_choices("an MTP plan", self, {"per_row_generators": PerRowGenerators})
 
 
 @dataclass(frozen=True)
@@ -212,15 +218,17 @@ class StagePlan:
     def __post_init__(self) -> None:
         """What a plan may never say, whatever the config (a planner bug, not a user's error)."""
         where = f"plan of {self.model}.{self.stage}"
-        for name, enum in (
-            ("device", Device),
-            ("kind", StageKind),
-            ("final_output", FinalOutput),
-            ("decode_batch", DecodeBatch),
-            ("transport", Transport),
-        ):
-            if not isinstance(getattr(self, name), enum):
-                raise TypeError(f"{where}: {name} must be a {enum.__name__}, not {getattr(self, name)!r}")
+        require_choices(
+            where,
+            self,
+            {
+                "device": Device,
+                "kind": StageKind,
+                "final_output": FinalOutput,
+                "decode_batch": DecodeBatch,
+                "transport": Transport,
+            },
+        )
         implied = {
             "accumulates_full_payload needs a producer": not self.accumulates_full_payload or self.producer,
             "defers_full_payload_d2h needs accumulates_full_payload and request_end_payload": (

@@ -488,6 +488,15 @@ class OmniGenConfig:
     """How ``omnigen run`` and ``omnigen serve`` run the pipeline; not read by ``build``."""
 
 
+def require_choices(where: str, holder: object, fields: dict[str, type[StrEnum]]) -> None:
+    """Each named field of ``holder`` is a member of its choice enum, not text (the spec and the
+    plan check this when built; ``where`` names the holder in the error)."""
+    for name, enum in fields.items():
+        value = getattr(holder, name)
+        if not isinstance(value, enum):
+            raise TypeError(f"{where}: {name} must be a {enum.__name__}, not {value!r}")
+
+
 def register_configs() -> None:
     """Register the schema in Hydra's ConfigStore (idempotent)."""
     cs = ConfigStore.instance()

@@ -33,6 +33,7 @@ from omnigen.schema import (
     Sampler,
     StageKind,
     Transport,
+    require_choices,
 )
 from omnigen.streams import StreamSpec
 
@@ -143,14 +144,16 @@ class StageSpec:
     def __post_init__(self) -> None:
         """What ``_stage_spec`` guarantees whatever the config (a user's mistake is a finding,
         reported with its key, before any of this could fail): choices stay their enums."""
-        for name, enum in (
-            ("kind", StageKind),
-            ("final_output", FinalOutput),
-            ("decode_batch", DecodeBatch),
-            ("transport", Transport),
-        ):
-            if not isinstance(getattr(self, name), enum):
-                raise TypeError(f"spec of stage {self.name}: {name} must be a {enum.__name__}")
+        require_choices(
+            f"spec of stage {self.name}",
+            self,
+            {
+                "kind": StageKind,
+                "final_output": FinalOutput,
+                "decode_batch": DecodeBatch,
+                "transport": Transport,
+            },
+        )
         if (self.seq_token_counts or self.request_ids) and self.kind is not StageKind.generation:
             raise ValueError(f"spec of stage {self.name}: generation kwargs on a {self.kind.value} stage")
         # Sorted here; a key listed twice is the user's finding (buffers.gpu_resident), not this.
